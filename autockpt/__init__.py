@@ -1,0 +1,46 @@
+"""autockpt: fit a PyTorch training step under a memory budget.
+
+>>> import autockpt
+>>> plan = autockpt.plan(model, (x,), budget="4GB")
+>>> planned = autockpt.apply(model, plan)
+"""
+
+from autockpt.apply import apply
+from autockpt.errors import (
+    AutockptError,
+    BudgetError,
+    ConfigError,
+    DataError,
+    DeviceError,
+    InfeasibleBudgetError,
+    PlanMismatchError,
+    RunError,
+    TraceError,
+)
+from autockpt.memory import MemoryTracker, tensors_of
+from autockpt.plan import PeakBreakdown, Plan, SegmentPlan, plan
+from autockpt.step import training_step
+from autockpt.units import Budget, format_bytes, parse_budget
+
+__all__ = [
+    "AutockptError",
+    "Budget",
+    "BudgetError",
+    "ConfigError",
+    "DataError",
+    "DeviceError",
+    "InfeasibleBudgetError",
+    "MemoryTracker",
+    "PeakBreakdown",
+    "Plan",
+    "PlanMismatchError",
+    "RunError",
+    "SegmentPlan",
+    "TraceError",
+    "apply",
+    "format_bytes",
+    "parse_budget",
+    "plan",
+    "tensors_of",
+    "training_step",
+]

@@ -1,0 +1,53 @@
+"""User-facing errors.
+
+Every mistake a user can make (a bad budget string, a file that is not Parquet, a budget no plan
+can meet) raises a subclass of :class:`AutockptError`. Its message is one line that names the
+offending value and the way out; the CLI prints it to stderr and exits with code 2. ``assert`` is
+kept for internal invariants only.
+"""
+
+
+class AutockptError(Exception):
+    """Base class of every error caused by user input rather than by a bug."""
+
+
+class BudgetError(AutockptError, ValueError):
+    """A memory budget that cannot be read (``"4XB"``, ``"-1GB"``, ``""``)."""
+
+
+class InfeasibleBudgetError(AutockptError):
+    """No plan fits the budget.
+
+    Attributes:
+        budget_bytes: the budget that was asked for.
+        minimum_bytes: the smallest budget a plan can meet for this model and batch.
+    """
+
+    def __init__(self, message: str, *, budget_bytes: int, minimum_bytes: int) -> None:
+        super().__init__(message)
+        self.budget_bytes = budget_bytes
+        self.minimum_bytes = minimum_bytes
+
+
+class TraceError(AutockptError):
+    """The model cannot be traced or split into segments, and no fallback applies."""
+
+
+class DataError(AutockptError, ValueError):
+    """A data file that cannot be used: missing, not Parquet, bad columns or rows."""
+
+
+class ConfigError(AutockptError, ValueError):
+    """A configuration value or file that cannot be used."""
+
+
+class RunError(AutockptError):
+    """A run folder that cannot be resumed or read (missing, incompatible, corrupt)."""
+
+
+class DeviceError(AutockptError):
+    """A device that was asked for but is not available (``--device cuda`` without a GPU)."""
+
+
+class PlanMismatchError(AutockptError):
+    """A plan applied to a model it was not made for."""

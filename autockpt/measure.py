@@ -1,0 +1,316 @@
+"""Stage 2: measure one training step on fake tensors, segment by segment.
+
+NOTE [Step accounting]
+One *step* is what a trainer does per batch: forward, loss, backward, optimizer step, with the
+gradients set to ``None`` before the next step (the PyTorch default). Before the step starts the
+parameters, the optimizer state (already created by an earlier step) and the input batch are
+live. The step is run on a fake copy of the model under a :class:`~autockpt.memory.MemoryTracker`,
+so every live storage is counted at every op, with no real memory and in a fraction of a second.
+
+While it runs, each op is attributed to a phase (forward, loss, backward, optimizer) and, in
+forward and backward, to the segment it belongs to: in forward the segment runner says which
+segment is running; in backward a pre-hook on every autograd node a segment created says so.
+From that the profile records, per segment: live bytes when its forward ends, the peak during
+its forward and during its backward (its recompute included), and the FLOPs, bytes moved and op
+count of its forward (its recompute cost).
+
+The same routine measures any plan, so the planner's last act is to measure the plan it chose:
+the predicted peak is that measurement, not the solver's estimate.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+
+from autockpt.fake import fake_copy
+from autockpt.memory import MemoryTracker, RealSizeOracle, tensors_of
+from autockpt.segmented import (
+    SegmentAction,
+    adopt_state_of,
+    build_segmented_module,
+    collect_segment_grad_fns,
+)
+from autockpt.trace import TracedModel
+
+LossFn = Callable[..., torch.Tensor]
+OptimizerSpec = str | torch.optim.Optimizer | None
+
+PHASES = ("forward", "loss", "backward", "optimizer")
+
+
+@dataclass
+class SegmentProfile:
+    """What one segment did during a measured step (bytes are live totals, not increments).
+
+    Attributes:
+        start_bytes: live bytes when its forward started.
+        end_bytes: live bytes when the next segment (or the loss) started: what it leaves
+            behind, after the values only it read were released.
+        forward_peak_bytes: highest live bytes during its forward.
+        backward_peak_bytes: highest live bytes during its backward (and recompute).
+        forward_flops: FLOPs of its forward ops.
+        forward_moved_bytes: bytes its forward ops read and wrote.
+        forward_num_ops: how many aten ops its forward ran.
+        input_bytes: bytes of the tensors it reads from earlier segments.
+        output_bytes: bytes of the tensors it hands to later segments.
+    """
+
+    start_bytes: int = 0
+    end_bytes: int = 0
+    forward_peak_bytes: int = 0
+    backward_peak_bytes: int = 0
+    forward_flops: int = 0
+    forward_moved_bytes: int = 0
+    forward_num_ops: int = 0
+    input_bytes: int = 0
+    output_bytes: int = 0
+
+
+@dataclass
+class StepProfile:
+    """One measured training step (NOTE [Step accounting]).
+
+    Attributes:
+        start_bytes: live before forward: parameters, optimizer state, the batch.
+        parameter_bytes / optimizer_state_bytes / input_bytes: parts of ``start_bytes``.
+        gradient_bytes: bytes of the parameter gradients after backward.
+        segments: one profile per segment, in chain order.
+        phase_peak_bytes: highest live bytes in each phase.
+        peak_bytes: highest live bytes over the whole step.
+    """
+
+    start_bytes: int
+    parameter_bytes: int
+    optimizer_state_bytes: int
+    input_bytes: int
+    gradient_bytes: int = 0
+    segments: list[SegmentProfile] = field(default_factory=list)
+    phase_peak_bytes: dict[str, int] = field(default_factory=dict)
+    peak_bytes: int = 0
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """Sum of every floating-point tensor in the model's output."""
+    tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+    floating = [t.float().sum() for t in tensors if t.is_floating_point()]
+    if not floating:
+        raise ValueError("the model's output holds no floating-point tensor to take a loss of")
+    return torch.stack(floating).sum()
+
+
+def make_optimizer(
+    spec: OptimizerSpec, parameters: Sequence[torch.nn.Parameter]
+) -> torch.optim.Optimizer | None:
+    """The optimizer whose state the step counts: ``"adamw"``, ``"sgd"``, ``None`` or a copy
+    of an instance's class and settings."""
+    trainable = [p for p in parameters if p.requires_grad]
+    if spec is None or not trainable:
+        return None
+    if isinstance(spec, torch.optim.Optimizer):
+        return type(spec)(trainable, **spec.defaults)
+    if spec == "adamw":
+        return torch.optim.AdamW(trainable, lr=1e-3)
+    if spec == "sgd":
+        return torch.optim.SGD(trainable, lr=1e-2, momentum=0.9)
+    raise ValueError(f"optimizer {spec!r} is not one of 'adamw', 'sgd', None or an instance")
+
+
+class _StepRecorder:
+    """Attributes every op of a step to a phase and a segment (NOTE [Step accounting])."""
+
+    def __init__(self, num_segments: int) -> None:
+        self.tracker: MemoryTracker | None = None
+        self.phase = "setup"
+        self.current: int | None = None
+        self.segments = [SegmentProfile() for _ in range(num_segments)]
+        self.phase_peak = dict.fromkeys(PHASES, 0)
+
+    def on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        assert self.tracker is not None
+        now = self.tracker.current_bytes
+        if self.phase in self.phase_peak:
+            self.phase_peak[self.phase] = max(self.phase_peak[self.phase], now)
+        if self.current is None:
+            return
+        profile = self.segments[self.current]
+        if self.phase == "forward":
+            profile.forward_peak_bytes = max(profile.forward_peak_bytes, now)
+            profile.forward_num_ops += 1
+            profile.forward_flops += _flops(func, args, kwargs, out)
+            profile.forward_moved_bytes += _moved_bytes(args, kwargs, out)
+        elif self.phase == "backward":
+            profile.backward_peak_bytes = max(profile.backward_peak_bytes, now)
+
+    def segment_started(self, index: int) -> None:
+        assert self.tracker is not None
+        self.current = index
+        now = self.tracker.current_bytes
+        profile = self.segments[index]
+        profile.start_bytes = now
+        profile.forward_peak_bytes = max(profile.forward_peak_bytes, now)
+        if index > 0:
+            self.segments[index - 1].end_bytes = now
+
+    def forward_finished(self) -> None:
+        """The loss is about to start: the last segment's leftovers are what is live now."""
+        assert self.tracker is not None
+        if self.segments:
+            self.segments[-1].end_bytes = self.tracker.current_bytes
+
+    def segment_finished(self, index: int, inputs: tuple[Any, ...], outputs: Any) -> None:
+        assert self.tracker is not None
+        profile = self.segments[index]
+        profile.input_bytes = _tensor_bytes(inputs)
+        profile.output_bytes = _tensor_bytes(outputs)
+        self.current = None
+
+        def enter_segment(*_: Any) -> None:
+            if self.phase == "backward":
+                self.current = index
+
+        collect_segment_grad_fns(inputs, outputs, lambda node: node.register_prehook(enter_segment))
+
+
+def _tensor_bytes(value: Any) -> int:
+    return sum(
+        t.numel() * t.element_size() for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)
+    )
+
+
+def _moved_bytes(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
+    return _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(out)
+
+
+def _flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
+    count = flop_registry.get(func.overloadpacket)
+    if count is None:
+        return 0
+    try:
+        return int(count(*args, **kwargs, out_val=out))
+    except Exception:  # a FLOP formula that does not cover this overload: count it as 0
+        return 0
+
+
+def profile_step(
+    traced: TracedModel,
+    example_inputs: Sequence[torch.Tensor],
+    actions: Sequence[SegmentAction],
+    *,
+    loss_fn: LossFn | None = None,
+    optimizer: OptimizerSpec = "adamw",
+    num_micro_batches: int = 1,
+    size_oracle: RealSizeOracle | None = None,
+    optimizer_state_bytes: int | None = None,
+) -> StepProfile:
+    """Measure one training step of the traced model planned with ``actions``, on fake tensors.
+
+    Args:
+        traced: the traced model and its segments.
+        example_inputs: one batch of positional inputs (only shapes and dtypes are used).
+        actions: one per segment.
+        loss_fn: ``loss_fn(output) -> scalar``; default: sum of the outputs.
+        optimizer: what optimizer state to count (see :func:`make_optimizer`).
+        num_micro_batches: split the batch into this many pieces along dim 0, with a backward
+            per piece and the gradients accumulated (the first two pieces are measured: the
+            second is the steady state, with gradients already live).
+        size_oracle: sizes ops whose fake kernels under-report.
+        optimizer_state_bytes: when known from an earlier profile of the same model, count
+            that many bytes of optimizer state and skip the optimizer (its step does not depend
+            on the plan, and simulating it is a third of the work).
+
+    Returns:
+        The step's profile (NOTE [Step accounting]); with micro-batches, the segment numbers are
+        those of the second piece.
+    """
+    loss_fn = loss_fn or default_loss
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    recorder = _StepRecorder(len(traced.segments))
+    with mode, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = fake_copy(traced.graph_module, mode)
+        planned = build_segmented_module(model, traced.segments, actions, observer=recorder)
+        adopt_state_of(planned, model)
+        parameters = list(model.parameters())
+        fake_optimizer = (
+            make_optimizer(optimizer, parameters) if optimizer_state_bytes is None else None
+        )
+        if fake_optimizer is not None:
+            # Create the optimizer state as a previous step would have.
+            for parameter in parameters:
+                if parameter.requires_grad:
+                    parameter.grad = torch.zeros_like(parameter)
+            fake_optimizer.step()
+            fake_optimizer.zero_grad(set_to_none=True)
+        inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+        parameter_bytes = sum(p.untyped_storage().nbytes() for p in parameters)
+        state_tensors = tensors_of(model, fake_optimizer)
+        tracker = MemoryTracker(
+            initial=[*state_tensors, *[x for x in inputs if isinstance(x, torch.Tensor)]],
+            observer=recorder.on_op,
+            size_oracle=size_oracle,
+        )
+        recorder.tracker = tracker
+        optimizer_bytes = sum(
+            t.untyped_storage().nbytes()
+            for state in (fake_optimizer.state.values() if fake_optimizer else [])
+            for t in state.values()
+            if isinstance(t, torch.Tensor)
+        )
+        if optimizer_state_bytes is not None:
+            optimizer_bytes = optimizer_state_bytes
+            tracker.add_bytes(optimizer_state_bytes)
+        profile = StepProfile(
+            start_bytes=tracker.current_bytes,
+            parameter_bytes=parameter_bytes,
+            optimizer_state_bytes=optimizer_bytes,
+            input_bytes=tracker.current_bytes - parameter_bytes - optimizer_bytes,
+        )
+        with tracker:
+            pieces = _micro_batches(inputs, num_micro_batches)
+            for piece_index, piece in enumerate(pieces[: min(2, len(pieces))]):
+                if piece_index == 1:
+                    recorder.segments = [SegmentProfile() for _ in traced.segments]
+                recorder.phase = "forward"
+                output = planned(*piece)
+                recorder.forward_finished()
+                recorder.phase = "loss"
+                loss = loss_fn(output)
+                del output
+                recorder.phase = "backward"
+                loss.backward()
+                del loss
+                recorder.current = None
+            profile.gradient_bytes = sum(
+                p.grad.untyped_storage().nbytes() for p in parameters if p.grad is not None
+            )
+            recorder.phase = "optimizer"
+            if fake_optimizer is not None:
+                fake_optimizer.step()
+                fake_optimizer.zero_grad(set_to_none=True)
+        profile.segments = recorder.segments
+        profile.phase_peak_bytes = dict(recorder.phase_peak)
+        profile.peak_bytes = tracker.peak_bytes
+    return profile
+
+
+def _micro_batches(
+    inputs: Sequence[Any], num_micro_batches: int
+) -> list[list[Any]]:
+    if num_micro_batches <= 1:
+        return [list(inputs)]
+    split = [
+        torch.tensor_split(x, num_micro_batches, dim=0) if isinstance(x, torch.Tensor) else None
+        for x in inputs
+    ]
+    return [
+        [parts[i] if parts is not None else x for x, parts in zip(inputs, split, strict=True)]
+        for i in range(num_micro_batches)
+    ]

@@ -1,0 +1,184 @@
+"""Stage 3: choose one option per segment so the step fits the budget at the least extra time.
+
+It takes plain numbers, not modules, so it can be tested alone and against brute force.
+
+NOTE [Chain memory model]
+Segments run in order 0..n-1. Before segment ``i`` starts, the live bytes are
+
+    S_i = start_bytes + sum(kept_bytes of the options chosen for segments 0..i-1)
+
+(what earlier segments left alive for backward: all their activations when kept, only their
+boundary when recomputed). While segment ``i`` runs forward the live bytes reach
+``S_i + forward_bytes``, and while its backward runs (its recompute included) they reach
+``S_i + backward_bytes``: segments after ``i`` have already released theirs by then, and
+segments before it have not yet. The loss comes after the last segment and reaches
+``S_n + loss_bytes``. The optimizer step's peak, ``fixed_peak_bytes``, does not depend on the
+plan. So the predicted peak of a choice ``x`` is
+
+    max(fixed_peak_bytes, S_n(x) + loss_bytes, max_i S_i(x) + local_i(x_i)),
+    local = max(forward_bytes, backward_bytes),
+
+and the extra time is the sum of the chosen options' ``extra_s``.
+
+NOTE [Frontier recurrence]
+Going along the chain, a partial choice for segments 0..i-1 matters to the rest only through
+``S_i`` and what it has cost so far. Among partial choices, one with both a larger ``S_i`` and
+a larger cost can never lead to a better plan, so only the Pareto frontier of ``(S_i, cost)``
+pairs is carried from segment to segment; a choice that would put any segment over the budget is
+dropped when it is made. At the end the cheapest surviving choice is optimal for the chain
+model: the recurrence is exact. The same recurrence with "cost" read as "highest peak so far"
+gives the smallest budget any choice can meet. A frontier larger than ``MAX_FRONTIER`` is
+thinned by keeping, per band of ``S`` values, the cheapest choice, charged with the band's top
+``S`` (conservative: a thinned plan may cost more than the optimum, never exceed the budget).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MAX_FRONTIER = 4096
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to run a segment, in the units of NOTE [Chain memory model].
+
+    Attributes:
+        label: what it is ("keep", "recompute", "recompute in 4 chunks").
+        kept_bytes: bytes it leaves alive for backward (added to every later ``S``).
+        forward_bytes: peak above ``S_i`` during its forward.
+        backward_bytes: peak above ``S_i`` during its backward.
+        extra_s: seconds it adds to the step.
+    """
+
+    label: str
+    kept_bytes: int
+    forward_bytes: int
+    backward_bytes: int
+    extra_s: float
+
+    @property
+    def local_bytes(self) -> int:
+        """Highest bytes above ``S_i`` while this segment runs, forward or backward."""
+        return max(self.forward_bytes, self.backward_bytes)
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A chain of segments, each with its options, and the plan-independent parts of a step.
+
+    Attributes:
+        start_bytes: live before the first segment (parameters, optimizer state, inputs).
+        options: per segment, the ways it may run (at least one each).
+        loss_bytes: peak above ``S_n`` while the loss is computed.
+        fixed_peak_bytes: peak of the parts no option changes (the optimizer step).
+    """
+
+    start_bytes: int
+    options: tuple[tuple[Option, ...], ...]
+    loss_bytes: int = 0
+    fixed_peak_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Solution:
+    """The chosen option per segment, its predicted peak and its extra time."""
+
+    choice: tuple[int, ...]
+    peak_bytes: int
+    extra_s: float
+
+
+def evaluate(chain: Chain, choice: Sequence[int]) -> Solution:
+    """Peak and extra time of one choice under NOTE [Chain memory model]."""
+    live = chain.start_bytes
+    peak = chain.fixed_peak_bytes
+    extra = 0.0
+    for options, picked in zip(chain.options, choice, strict=True):
+        option = options[picked]
+        peak = max(peak, live + option.local_bytes)
+        live += option.kept_bytes
+        extra += option.extra_s
+    peak = max(peak, live + chain.loss_bytes)
+    return Solution(choice=tuple(choice), peak_bytes=peak, extra_s=extra)
+
+
+# A frontier entry: (S_i, cost, highest peak so far, choice so far).
+_State = tuple[int, float, int, tuple[int, ...]]
+
+
+def solve(chain: Chain, budget_bytes: int) -> Solution | None:
+    """The choice of least extra time whose predicted peak fits ``budget_bytes``.
+
+    Implements NOTE [Frontier recurrence].
+
+    Returns:
+        The optimal solution, or ``None`` when no choice fits.
+    """
+    return _frontier(chain, budget_bytes, minimise_peak=False)
+
+
+def minimum_peak(chain: Chain) -> Solution:
+    """The choice with the lowest predicted peak (the smallest budget any plan meets)."""
+    solution = _frontier(chain, None, minimise_peak=True)
+    assert solution is not None, "without a budget some choice always exists"
+    return solution
+
+
+def _frontier(chain: Chain, budget_bytes: int | None, *, minimise_peak: bool) -> Solution | None:
+    limit = float("inf") if budget_bytes is None else budget_bytes
+    if chain.fixed_peak_bytes > limit:
+        return None
+    states: list[_State] = [(chain.start_bytes, 0.0, chain.fixed_peak_bytes, ())]
+    for options in chain.options:
+        grown: list[_State] = []
+        for live, cost, peak, choice in states:
+            for index, option in enumerate(options):
+                local_peak = live + option.local_bytes
+                if local_peak > limit:
+                    continue
+                new_peak = max(peak, local_peak)
+                new_cost = float(new_peak) if minimise_peak else cost + option.extra_s
+                grown.append((live + option.kept_bytes, new_cost, new_peak, (*choice, index)))
+        if not grown:
+            return None
+        states = _pareto(grown)
+    finished = []
+    for live, cost, peak, choice in states:
+        final_peak = max(peak, live + chain.loss_bytes)
+        if final_peak <= limit:
+            final_cost = float(final_peak) if minimise_peak else cost
+            finished.append((final_cost, final_peak, choice))
+    if not finished:
+        return None
+    cost, peak, choice = min(finished)
+    return Solution(choice=choice, peak_bytes=peak, extra_s=evaluate(chain, choice).extra_s)
+
+
+def _pareto(states: list[_State]) -> list[_State]:
+    """Keep the states that no other state beats on both live bytes and cost."""
+    states.sort(key=lambda s: (s[0], s[1], s[2]))
+    kept: list[_State] = []
+    best_cost = float("inf")
+    for state in states:
+        if state[1] < best_cost:
+            kept.append(state)
+            best_cost = state[1]
+    if len(kept) <= MAX_FRONTIER:
+        return kept
+    return _thin(kept)
+
+
+def _thin(states: list[_State]) -> list[_State]:
+    """Conservatively merge states into ``MAX_FRONTIER`` bands of live bytes."""
+    low, high = states[0][0], states[-1][0]
+    width = max((high - low) // MAX_FRONTIER + 1, 1)
+    bands: dict[int, _State] = {}
+    for live, cost, peak, choice in states:
+        band = (live - low) // width
+        top = low + (band + 1) * width - 1
+        current = bands.get(band)
+        if current is None or cost < current[1]:
+            bands[band] = (max(top, live), cost, peak, choice)
+    return sorted(bands.values())

@@ -1,0 +1,292 @@
+"""Stage 1: trace a model with torch.fx and cut its graph into a chain of candidate segments.
+
+NOTE [Cut points]
+A segment is a contiguous run of the traced graph's compute nodes, in execution order. Any
+such run can be recomputed in backward: its inputs are the values it reads from earlier nodes,
+its outputs the values later nodes read. What a checkpointed segment keeps alive between forward
+and backward is its *boundary* (inputs and outputs), while its interior is rebuilt in backward,
+all at once. So good cut points sit where few bytes cross: inside the per-variable GRNs of a
+TFT's variable selection network every value is (B, T, V, H), but the embeddings that enter
+them are (B, T, V, 8) and the weighted sum that leaves is (B, T, H).
+
+The cuts are chosen by a small dynamic program over the node order that minimises
+``sum(bytes crossing each cut) + sum(max(0, segment bytes - target))``: a cut is worth making
+where it is cheap, and a segment far larger than ``total / target_num_segments`` is split
+unless every split point is expensive (then a later stage runs it in chunks instead).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from autockpt.errors import TraceError
+from autockpt.fake import fake_copy, storages
+
+#: torch.nn modules the tracer keeps whole although they have children or fused kernels. Other
+#: torch.nn modules are kept whole only when they have no children (Linear, LayerNorm, ...):
+#: containers such as TransformerEncoder are traced through, so their insides can be cut.
+LEAF_MODULE_TYPES: tuple[type[torch.nn.Module], ...] = (
+    torch.nn.LSTM,
+    torch.nn.GRU,
+    torch.nn.RNN,
+    torch.nn.MultiheadAttention,
+)
+
+COMPUTE_OPS = frozenset({"call_function", "call_method", "call_module"})
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A contiguous run of compute nodes of the traced graph.
+
+    Attributes:
+        index: position in the chain, from 0.
+        name: readable name from the modules its nodes belong to.
+        node_names: the fx nodes it covers, in order.
+        module_paths: the modules its nodes run in (outermost first, deduplicated).
+        input_names: nodes outside the segment whose values it reads (parameters excluded).
+        output_names: nodes inside it whose values are read after it.
+    """
+
+    index: int
+    name: str
+    node_names: tuple[str, ...]
+    module_paths: tuple[str, ...]
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TracedModel:
+    """A model's graph and its chain of candidate segments.
+
+    Attributes:
+        graph_module: the traced module; shares parameters with the original model.
+        segments: the chain, in execution order.
+        node_output_bytes: bytes of new storage each compute node's output takes (views: 0).
+    """
+
+    graph_module: fx.GraphModule
+    segments: tuple[Segment, ...]
+    node_output_bytes: dict[str, int]
+
+
+#: How many submodules that do not trace may be kept whole before the model counts as untraceable.
+MAX_OPAQUE_MODULES = 64
+
+
+class _Tracer(fx.Tracer):
+    def __init__(self, opaque_paths: set[str]) -> None:
+        super().__init__()
+        self.opaque_paths = opaque_paths
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        if module_qualified_name in self.opaque_paths or isinstance(m, LEAF_MODULE_TYPES):
+            return True
+        is_torch_nn = type(m).__module__.startswith(("torch.nn", "torch.ao.nn"))
+        return is_torch_nn and next(iter(m.children()), None) is None
+
+
+def trace_model(
+    model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    *,
+    target_num_segments: int = 24,
+) -> TracedModel:
+    """Trace ``model`` and cut its graph into a chain of segments (see NOTE [Cut points]).
+
+    Args:
+        model: any ``nn.Module`` whose forward torch.fx can trace.
+        example_inputs: positional inputs at the training batch size (only shapes are used:
+            the sizes come from a run on fake tensors).
+        target_num_segments: how finely to cut where cutting is cheap.
+
+    Returns:
+        The traced graph module and its segments.
+
+    Raises:
+        TraceError: torch.fx cannot trace the model (the message says why).
+    """
+    graph = trace_graph(model)
+    graph_module = fx.GraphModule(model, graph, class_name=f"Traced{type(model).__name__}")
+    node_bytes = node_output_bytes(graph_module, example_inputs)
+    compute_nodes = [n for n in graph.nodes if n.op in COMPUTE_OPS]
+    if not compute_nodes:
+        raise TraceError(f"{type(model).__name__} has no operations to plan")
+    bounds = _choose_cuts(graph, compute_nodes, node_bytes, target_num_segments)
+    segments = _build_segments(graph, compute_nodes, bounds)
+    return TracedModel(graph_module=graph_module, segments=segments, node_output_bytes=node_bytes)
+
+
+def trace_graph(model: torch.nn.Module) -> fx.Graph:
+    """Trace ``model``; a submodule that does not trace is kept whole and tracing retried.
+
+    torch.nn's own containers (``TransformerEncoderLayer``'s fast-path checks, for one) branch
+    on tensor properties; keeping such a module whole loses only the cut points inside it.
+    """
+    opaque_paths: set[str] = set()
+    while True:
+        tracer = _Tracer(opaque_paths)
+        try:
+            return tracer.trace(model)
+        except Exception as error:  # fx raises many types; all mean "not traceable here"
+            failing_path = next(reversed(tracer.module_stack), "") if tracer.module_stack else ""
+            if failing_path and failing_path not in opaque_paths:
+                if len(opaque_paths) < MAX_OPAQUE_MODULES:
+                    opaque_paths.add(failing_path)
+                    continue
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise TraceError(
+                f"torch.fx cannot trace {type(model).__name__}: {reason}; wrap "
+                "shape-dependent helpers with torch.fx.wrap or pass inputs as plain tensors"
+            ) from error
+
+
+def node_output_bytes(
+    graph_module: fx.GraphModule, example_inputs: Sequence[torch.Tensor]
+) -> dict[str, int]:
+    """New storage bytes of each node's output, from a forward pass on fake tensors."""
+    sizes: dict[str, int] = {}
+    # Storages are kept alive for the whole pass so that their ids are never reused.
+    seen: dict[int, object] = {}
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        interpreter = _SizeInterpreter(fake_copy(graph_module, mode), sizes, seen)
+        interpreter.run(*[mode.from_tensor(x) for x in example_inputs])
+    return sizes
+
+
+class _SizeInterpreter(fx.Interpreter):
+    def __init__(
+        self, module: fx.GraphModule, sizes: dict[str, int], seen: dict[int, object]
+    ) -> None:
+        super().__init__(module, garbage_collect_values=True)
+        self._sizes = sizes
+        self._seen = seen
+
+    def run_node(self, n: fx.Node) -> object:
+        result = super().run_node(n)
+        total = 0
+        for storage in storages(result):
+            if id(storage) not in self._seen:
+                self._seen[id(storage)] = storage
+                total += storage.nbytes()
+        self._sizes[n.name] = total
+        return result
+
+
+def _choose_cuts(
+    graph: fx.Graph,
+    compute_nodes: list[fx.Node],
+    node_bytes: dict[str, int],
+    target_num_segments: int,
+) -> list[int]:
+    """Segment start positions (plus the end) chosen by the DP of NOTE [Cut points]."""
+    count = len(compute_nodes)
+    position = {node: i for i, node in enumerate(compute_nodes)}
+    weights = np.array([node_bytes.get(n.name, 0) for n in compute_nodes], dtype=np.float64)
+    # crossing[p]: bytes produced before position p and read at or after it.
+    delta = np.zeros(count + 1, dtype=np.float64)
+    for node in compute_nodes:
+        last = max((position.get(user, count) for user in node.users), default=position[node])
+        start = position[node] + 1
+        if last >= start:
+            delta[start] += weights[position[node]]
+            delta[last + 1 if last < count else count] -= weights[position[node]]
+    crossing = np.cumsum(delta)
+    crossing[count] = 0.0
+    prefix = np.concatenate([[0.0], np.cumsum(weights)])
+    target = max(prefix[-1] / max(target_num_segments, 1), 1.0)
+    # A small price per segment keeps the DP from cutting at every free position.
+    per_segment = 0.02 * target
+    best = np.full(count + 1, np.inf)
+    best[0] = 0.0
+    previous = np.zeros(count + 1, dtype=np.int64)
+    for end in range(1, count + 1):
+        starts = np.arange(end)
+        overflow = np.maximum(prefix[end] - prefix[starts] - target, 0.0)
+        cost = best[:end] + overflow + crossing[end] + per_segment
+        start = int(np.argmin(cost))
+        best[end] = cost[start]
+        previous[end] = start
+    bounds = [count]
+    while bounds[-1] > 0:
+        bounds.append(int(previous[bounds[-1]]))
+    return bounds[::-1]
+
+
+def _build_segments(
+    graph: fx.Graph, compute_nodes: list[fx.Node], bounds: list[int]
+) -> tuple[Segment, ...]:
+    segments: list[Segment] = []
+    names_used: Counter[str] = Counter()
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    for index, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        members = compute_nodes[start:end]
+        member_set = set(members)
+        inputs: list[str] = []
+        for node in members:
+            for arg in node.all_input_nodes:
+                if arg not in member_set and arg.op != "get_attr" and arg.name not in inputs:
+                    inputs.append(arg.name)
+        last_order = order[members[-1]]
+        outputs = [
+            n.name for n in members if any(order[user] > last_order for user in n.users)
+        ]
+        shared, paths = _module_paths(members)
+        base = shared or (paths[0] if paths else members[0].name)
+        names_used[base] += 1
+        name = base if names_used[base] == 1 else f"{base}#{names_used[base]}"
+        segments.append(
+            Segment(
+                index=index,
+                name=name,
+                node_names=tuple(n.name for n in members),
+                module_paths=tuple(paths),
+                input_names=tuple(inputs),
+                output_names=tuple(outputs),
+            )
+        )
+    return tuple(segments)
+
+
+def _module_paths(nodes: list[fx.Node]) -> tuple[str, list[str]]:
+    """The deepest module path all nodes share, and the distinct paths in order of first use."""
+    paths: list[str] = []
+    for node in nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        path = next(reversed(stack.values()))[0] if stack else ""
+        if node.op == "call_module":
+            path = str(node.target)
+        if path and path not in paths:
+            paths.append(path)
+    if not paths:
+        return "", []
+    common = paths[0].split(".")
+    for path in paths[1:]:
+        parts = path.split(".")
+        length = 0
+        while length < min(len(common), len(parts)) and common[length] == parts[length]:
+            length += 1
+        common = common[:length]
+    return ".".join(common), paths
+
+
+def segments_from_node_lists(
+    graph: fx.Graph, node_lists: Sequence[Sequence[str]]
+) -> tuple[Segment, ...]:
+    """Rebuild the chain from each segment's node names (as a saved plan lists them)."""
+    compute_nodes = [n for n in graph.nodes if n.op in COMPUTE_OPS]
+    bounds = [0]
+    for names in node_lists:
+        bounds.append(bounds[-1] + len(names))
+    return _build_segments(graph, compute_nodes, bounds)
