@@ -151,8 +151,15 @@ class MemoryTracker(TorchDispatchMode):
             sizes: list[int | None] = list(self._size_oracle.output_bytes(func, args, kwargs))
         else:
             sizes = [None] * len(outputs)
+        # A view or an in-place result shares an input's storage: it allocates nothing new.
+        input_storages = {
+            id(t.untyped_storage())
+            for t in tree_flatten((args, kwargs))[0]
+            if isinstance(t, torch.Tensor)
+        }
         for tensor, size in zip(outputs, sizes, strict=False):
-            self.register(tensor, num_bytes=size)
+            if id(tensor.untyped_storage()) not in input_storages:
+                self.register(tensor, num_bytes=size)
         if self._observer is not None:
             self._observer(func, args, kwargs, out)
         return out

@@ -21,6 +21,7 @@ budget first (``context_bytes`` and ``headroom_bytes`` in the breakdown).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -152,6 +153,7 @@ def plan(
     device: torch.device | str | None = None,
     use_gradient_checkpointing: bool | None = None,
     allow_micro_batches: bool = True,
+    allow_chunks: bool = True,
 ) -> Plan:
     """Plan a training step of ``model`` that fits ``budget`` (NOTE [Planning]).
 
@@ -170,6 +172,10 @@ def plan(
             when it exceeds the budget.
         allow_micro_batches: let the plan split the batch into micro-batches (needs a loss
             that is a mean or a sum over samples; see ``training_step``).
+        allow_chunks: let the plan run batch-separable segments in chunks. Chunks and
+            micro-batches keep gradients equal with dropout off; with dropout on each piece
+            draws its own masks, so turn both off where bit-for-bit dropout equality with the
+            unplanned model matters (plain recompute keeps it).
 
     Returns:
         The plan: which segments recompute (and in how many chunks), how many micro-batches,
@@ -184,8 +190,37 @@ def plan(
         >>> plan = autockpt.plan(model, (x,), budget="4GB")
         >>> model = autockpt.apply(model, plan)
     """
-    started = time.perf_counter()
     resolved_device = _resolve_device(model, device)
+    rng_devices = [resolved_device.index or 0] if resolved_device.type == "cuda" else []
+    # Calibration and probes draw random numbers; the caller's RNG stream must not move.
+    with torch.random.fork_rng(devices=rng_devices):
+        return _plan(
+            model,
+            example_inputs,
+            budget,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            device=resolved_device,
+            use_gradient_checkpointing=use_gradient_checkpointing,
+            allow_micro_batches=allow_micro_batches,
+            allow_chunks=allow_chunks,
+        )
+
+
+def _plan(
+    model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    budget: str | int,
+    *,
+    loss_fn: LossFn | None,
+    optimizer: OptimizerSpec,
+    device: torch.device,
+    use_gradient_checkpointing: bool | None,
+    allow_micro_batches: bool,
+    allow_chunks: bool,
+) -> Plan:
+    started = time.perf_counter()
+    resolved_device = device
     read = budget if isinstance(budget, Budget) else parse_budget(budget, device=resolved_device)
     batch_size = _batch_size(example_inputs)
     traced = trace_model(model, example_inputs)
@@ -240,6 +275,10 @@ def plan(
     else:
         strategy = "auto"
         separability = analyse_separability(traced, example_inputs)
+        if not allow_chunks:
+            separability = dataclasses.replace(
+                separability, chunkable=(False,) * num_segments
+            )
         if not separability.micro_batchable:
             notes.append(f"micro-batches not used: {separability.reason}")
         halves: tuple[StepProfile, StepProfile] | None = None
@@ -270,6 +309,17 @@ def plan(
             actions, num_micro_batches, reasons = choice
             final = measure(actions, num_micro_batches)
             notes.append("re-planned: the measured plan was over the budget")
+        if final.peak_bytes > usable_bytes:
+            # Last resort: the lowest-peak choice at each micro-batch count, measured.
+            for count in _micro_batch_counts(batch_size, halves is not None):
+                chain = builder.chain(kept, recomputed, halves, count, separability)
+                lowest = _actions_of(chain, minimum_peak(chain), separability)
+                candidate = measure(lowest[0], count)
+                if candidate.peak_bytes <= usable_bytes:
+                    actions, reasons = lowest
+                    num_micro_batches, final = count, candidate
+                    notes.append("took the lowest-peak plan: the cheaper ones measured over")
+                    break
         if final.peak_bytes > usable_bytes:
             raise _infeasible(read, builder, kept, recomputed, halves, separability, batch_size,
                               context_bytes + headroom_bytes)
@@ -467,6 +517,13 @@ def _choose(
     if best is None:
         return None
     _, count, solution, chain = best
+    actions, reasons = _actions_of(chain, solution, separability)
+    return actions, count, reasons
+
+
+def _actions_of(
+    chain: Chain, solution: Solution, separability: Separability
+) -> tuple[list[SegmentAction], list[str]]:
     actions, reasons = [], []
     for index, picked in enumerate(solution.choice):
         option = chain.options[index][picked]
@@ -479,7 +536,7 @@ def _choose(
             )
         )
         reasons.append(option.label)
-    return actions, count, reasons
+    return actions, reasons
 
 
 def _infeasible(
@@ -496,13 +553,19 @@ def _infeasible(
         minimum_peak(builder.chain(kept, recomputed, halves, m, separability)).peak_bytes
         for m in _micro_batch_counts(batch_size, halves is not None)
     ) + reserved_bytes
-    fixed = kept.parameter_bytes + kept.optimizer_state_bytes + kept.parameter_bytes
+    # Parameters, their gradients and the optimizer state do not shrink with the batch.
+    fixed = 2 * kept.parameter_bytes + kept.optimizer_state_bytes
     per_sample = max(minimum - reserved_bytes - fixed, 1) / max(batch_size, 1)
     fitting_batch = math.floor((read.bytes - reserved_bytes - fixed) / per_sample)
-    if fitting_batch >= 1 and fitting_batch < batch_size:
+    if fixed + reserved_bytes >= read.bytes:
+        lever = (
+            f"parameters, gradients and optimizer state alone take {format_bytes(fixed)}; "
+            "raise the budget or use a smaller model"
+        )
+    elif 1 <= fitting_batch < batch_size:
         lever = f"lower the batch size to {fitting_batch} or raise the budget"
     else:
-        lever = "raise the budget (the parameters and optimizer state alone do not fit)"
+        lever = f"raise the budget to at least {format_bytes(minimum * 1.05)}"
     return InfeasibleBudgetError(
         f"budget {read.text} ({format_bytes(read.bytes)}) is below the minimum "
         f"{format_bytes(minimum)} for batch {batch_size}; {lever}",

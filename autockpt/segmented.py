@@ -256,6 +256,21 @@ def adopt_state_of(planned: torch.nn.Module, original: torch.nn.Module) -> None:
         owner = planned.get_submodule(owner_path)
         if attribute in owner._buffers:
             owner._non_persistent_buffers_set.add(attribute)
+    # fx registers attributes in the order the graph first uses them; put them back in the
+    # original's order so state_dict() lists the keys the same way.
+    for path, module in original.named_modules(remove_duplicate=False):
+        try:
+            counterpart = planned.get_submodule(path)
+        except AttributeError:
+            continue
+        for table in ("_modules", "_parameters", "_buffers"):
+            ours: dict[str, object] = getattr(counterpart, table)
+            theirs: dict[str, object] = getattr(module, table)
+            order = [key for key in theirs if key in ours]
+            order += [key for key in ours if key not in theirs]
+            reordered = {key: ours[key] for key in order}
+            ours.clear()
+            ours.update(reordered)
 
 
 def _ensure_module_path(root: torch.nn.Module, path: str) -> torch.nn.Module:

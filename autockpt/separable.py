@@ -5,7 +5,8 @@ Running a segment in chunks along the batch, or the whole step in micro-batches,
 nothing only where no operation mixes samples: a per-variable GRN qualifies, BatchNorm in
 training mode (batch statistics) and anything that reduces over the batch do not. Rather than
 trust a list of "safe" ops, this is established by experiment on the real model at a small
-batch: with dropout off, each segment is run on a few samples at once and on each sample alone,
+batch: with dropout off (evaluation mode, but normalisation layers that use batch
+statistics left as they are), each segment is run on a few samples at once and on each sample alone,
 and it counts as separable only if every output of every sample agrees (and every output
 carries the batch in dim 0). An input counts as batch-carrying when its dim 0 follows the batch
 size across two runs at different batch sizes. The run uses a copy of the model, so BatchNorm
@@ -69,9 +70,13 @@ def analyse_separability(
         reason = "the inputs carry no common batch dimension of at least 3"
         return Separability((False,) * num_segments, ((),) * num_segments, False, reason)
     probe_model = copy.deepcopy(traced.graph_module)
+    # Evaluation mode turns dropout off everywhere (modules like MultiheadAttention apply it
+    # inside); normalisation layers that use batch statistics stay in training mode, since
+    # that is what mixes samples.
+    probe_model.eval()
     for module in probe_model.modules():
-        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
-            module.eval()
+        if isinstance(module, torch.nn.modules.batchnorm._NormBase):
+            module.train(traced.graph_module.training)
     captures = []
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         for size in PROBE_BATCHES:

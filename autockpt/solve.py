@@ -120,10 +120,10 @@ def solve(chain: Chain, budget_bytes: int) -> Solution | None:
 
 
 def minimum_peak(chain: Chain) -> Solution:
-    """The choice with the lowest predicted peak (the smallest budget any plan meets)."""
-    solution = _frontier(chain, None, minimise_peak=True)
-    assert solution is not None, "without a budget some choice always exists"
-    return solution
+    """The cheapest choice with the lowest predicted peak (the smallest budget any plan meets)."""
+    lowest = _frontier(chain, None, minimise_peak=True)
+    assert lowest is not None, "without a budget some choice always exists"
+    return solve(chain, lowest.peak_bytes) or lowest
 
 
 def _frontier(chain: Chain, budget_bytes: int | None, *, minimise_peak: bool) -> Solution | None:

@@ -12,7 +12,7 @@ from autockpt.plan import Plan
 
 def training_step(
     model: torch.nn.Module,
-    plan: Plan,
+    plan: Plan | None,
     inputs: Sequence[torch.Tensor],
     targets: Sequence[torch.Tensor],
     loss_fn: Callable[..., torch.Tensor],
@@ -30,7 +30,7 @@ def training_step(
 
     Args:
         model: the planned model (from :func:`autockpt.apply`) or any model.
-        plan: its plan.
+        plan: its plan; ``None`` runs the batch in one piece.
         inputs: the model's positional inputs for the whole batch.
         targets: what ``loss_fn`` compares against, for the whole batch.
         loss_fn: ``loss_fn(output, *targets) -> scalar``, a mean or a sum over samples.
@@ -43,7 +43,7 @@ def training_step(
         >>> loss = autockpt.training_step(planned, plan, batch.inputs(), (batch.target,), loss_fn)
         >>> optimizer.step(); optimizer.zero_grad()
     """
-    pieces = max(plan.num_micro_batches, 1)
+    pieces = max(plan.num_micro_batches, 1) if plan is not None else 1
     if pieces == 1:
         loss = loss_fn(model(*inputs), *targets)
         loss.backward()

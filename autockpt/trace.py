@@ -10,9 +10,14 @@ TFT's variable selection network every value is (B, T, V, H), but the embeddings
 them are (B, T, V, 8) and the weighted sum that leaves is (B, T, H).
 
 The cuts are chosen by a small dynamic program over the node order that minimises
-``sum(bytes crossing each cut) + sum(max(0, segment bytes - target))``: a cut is worth making
-where it is cheap, and a segment far larger than ``total / target_num_segments`` is split
-unless every split point is expensive (then a later stage runs it in chunks instead).
+
+    sum(bytes crossing each cut) + sum(segment bytes ** 2) / total bytes
+
+The first term is what recomputed segments must keep (their boundaries); the second stands in
+for the largest interior that backward rebuilds at once (it falls as segments get smaller, and
+falls fastest where one segment is much larger than the rest). Where cuts are cheap this gives
+about sqrt(total / crossing) segments; where every cut is expensive (inside a TFT's per-variable
+GRNs) the region stays whole, and a later stage runs it in chunks instead.
 """
 
 from __future__ import annotations
@@ -205,16 +210,15 @@ def _choose_cuts(
     crossing = np.cumsum(delta)
     crossing[count] = 0.0
     prefix = np.concatenate([[0.0], np.cumsum(weights)])
-    target = max(prefix[-1] / max(target_num_segments, 1), 1.0)
+    total = max(prefix[-1], 1.0)
     # A small price per segment keeps the DP from cutting at every free position.
-    per_segment = 0.02 * target
+    per_segment = total / (50.0 * max(target_num_segments, 1))
     best = np.full(count + 1, np.inf)
     best[0] = 0.0
     previous = np.zeros(count + 1, dtype=np.int64)
     for end in range(1, count + 1):
-        starts = np.arange(end)
-        overflow = np.maximum(prefix[end] - prefix[starts] - target, 0.0)
-        cost = best[:end] + overflow + crossing[end] + per_segment
+        size = prefix[end] - prefix[:end]
+        cost = best[:end] + size * size / total + crossing[end] + per_segment
         start = int(np.argmin(cost))
         best[end] = cost[start]
         previous[end] = start

@@ -9,6 +9,7 @@ Units are parsed here, at the edge; everything after this speaks plain ``int`` b
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -100,7 +101,8 @@ def parse_budget(value: str | int, *, device: torch.device | str | None = None) 
             "(GB/MB are powers of 10, GiB/MiB powers of 2, a bare number is bytes)"
         )
     number, unit = match.group(1), match.group(2)
-    num_bytes = int(float(number) * _UNIT_BYTES[unit.lower()])
+    # Fraction, not float: "4.1GB" must be 4,100,000,000 bytes exactly.
+    num_bytes = int(Fraction(number) * _UNIT_BYTES[unit.lower()])
     if num_bytes <= 0:
         raise BudgetError(f"budget {text!r} is zero; write a positive size like 4GB")
     return Budget(

@@ -1,0 +1,126 @@
+"""Shared test helpers: tiny models of different shapes and a tracked real training step."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+import autockpt
+from autockpt.measure import default_loss
+
+
+class MLPStack(nn.Module):
+    """Residual MLP blocks with dropout: a chain where every block costs the same."""
+
+    def __init__(self, width: int = 64, depth: int = 6, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Dropout(dropout))
+            for _ in range(depth)
+        )
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)  # (B, W)
+        return self.head(x)  # (B, 1)
+
+
+class EncoderBlock(nn.Module):
+    """Pre-norm transformer encoder block (attention mixes time, not samples)."""
+
+    def __init__(self, width: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width)
+        self.attention = nn.MultiheadAttention(width, heads, dropout=dropout, batch_first=True)
+        self.norm2 = nn.LayerNorm(width)
+        self.feed_forward = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Dropout(dropout), nn.Linear(4 * width, width)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)  # (B, T, W)
+        x = x + self.attention(h, h, h, need_weights=False)[0]
+        return x + self.feed_forward(self.norm2(x))
+
+
+class TinyTransformer(nn.Module):
+    """A transformer encoder over (B, T, W) sequences."""
+
+    def __init__(self, width: int = 32, heads: int = 4, depth: int = 3, dropout: float = 0.1):
+        super().__init__()
+        self.blocks = nn.ModuleList(EncoderBlock(width, heads, dropout) for _ in range(depth))
+        self.head = nn.Linear(width, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)  # (B, T, 2)
+
+
+class BatchNormNet(nn.Module):
+    """Linear layers with BatchNorm in between: mixes samples in training mode."""
+
+    def __init__(self, width: int = 48) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(width, width),
+            nn.BatchNorm1d(width),
+            nn.ReLU(),
+            nn.Linear(width, width),
+            nn.BatchNorm1d(width),
+            nn.ReLU(),
+            nn.Dropout(0.1),
+            nn.Linear(width, 1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class OneHugeOp(nn.Module):
+    """One Gram matrix over the batch, far larger than everything else: no plan shrinks it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gram = (x.t() @ x) * self.scale  # (N, N), mixes every sample
+        return gram.sum()
+
+
+def tracked_step(
+    model: nn.Module,
+    inputs: Sequence[torch.Tensor],
+    plan: autockpt.Plan | None = None,
+    *,
+    loss_fn: Callable[[torch.Tensor], torch.Tensor] = default_loss,
+    seed: int = 0,
+) -> tuple[int, torch.Tensor, dict[str, torch.Tensor]]:
+    """One real AdamW step on a copy of ``model`` (planned with ``plan`` if given).
+
+    The optimizer state exists before the step, as in training, so the tracked peak is
+    comparable with the plan's prediction.
+
+    Returns:
+        (tracked peak bytes, loss, gradients by parameter name).
+    """
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for parameter in model.parameters():
+        parameter.grad = torch.zeros_like(parameter)
+    snapshot = copy.deepcopy(model.state_dict())
+    optimizer.step()
+    model.load_state_dict(snapshot)
+    optimizer.zero_grad(set_to_none=True)
+    runner = autockpt.apply(model, plan) if plan is not None else model
+    torch.manual_seed(seed)
+    with autockpt.MemoryTracker(initial=[*autockpt.tensors_of(model, optimizer), *inputs]) as t:
+        loss = autockpt.training_step(runner, plan, inputs, (), loss_fn, loss_reduction="sum")
+        optimizer.step()
+    gradients = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return t.peak_bytes, loss, gradients
