@@ -59,9 +59,10 @@ def test_chunks_and_micro_batches_keep_gradients_with_dropout_off(name):
     _, want_loss, want = tracked_step(model, inputs)
     unplanned = _unplanned_peak(model, inputs)
     lowest = autockpt.plan(model, inputs, unplanned).minimum_feasible_bytes
-    for budget in (int(lowest * 1.1), (lowest + unplanned) // 2):
+    # Below the lowest plain-recompute plan only chunks or micro-batches can fit.
+    for budget in (int(lowest * 0.85), (lowest + unplanned) // 2):
         plan = autockpt.plan(model, inputs, budget)
-        if budget < lowest * 1.2:
+        if budget < lowest:
             assert plan.num_micro_batches > 1 or any(s.num_chunks > 1 for s in plan.segments)
         _, got_loss, got = tracked_step(model, inputs, plan)
         torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-4)
