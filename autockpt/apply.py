@@ -43,7 +43,8 @@ def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
         SegmentAction(
             recompute=segment.recomputed,
             num_chunks=segment.num_chunks,
-            chunked_inputs=tuple(segment.chunked_inputs),
+            input_batch_dims=tuple(segment.input_batch_dims),
+            output_batch_dims=tuple(segment.output_batch_dims),
         )
         for segment in plan.segments
     ]

@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from autockpt.fake import fake_copy
-from autockpt.memory import MemoryTracker, RealSizeOracle, tensors_of
+from autockpt.memory import MemoryTracker, RealSizeOracle, flat_tensors, tensors_of
 from autockpt.segmented import (
     SegmentAction,
     adopt_state_of,
@@ -180,13 +180,11 @@ class _StepRecorder:
 
 
 def _tensor_bytes(value: Any) -> int:
-    return sum(
-        t.numel() * t.element_size() for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)
-    )
+    return sum(t.numel() * t.element_size() for t in flat_tensors(value))
 
 
 def _moved_bytes(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
-    return _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(out)
+    return _tensor_bytes((args, kwargs, out))
 
 
 def _flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
@@ -199,85 +197,100 @@ def _flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -
         return 0
 
 
+class FakeTrainingState:
+    """A fake copy of the model and its optimizer, as they are after one training step.
+
+    Made once per planning call and shared by every profile: copying a large graph module
+    and creating the optimizer state is a good part of a profile's cost. Profiles leave it as
+    they found it, up to values (gradients are set back to ``None``; fake values carry no
+    meaning).
+
+    Args:
+        traced: the traced model.
+        optimizer: what optimizer state to count (see :func:`make_optimizer`).
+    """
+
+    def __init__(self, traced: TracedModel, *, optimizer: OptimizerSpec = "adamw") -> None:
+        self.traced = traced
+        self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+        with self.mode, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.model = fake_copy(traced.graph_module, self.mode)
+            self.parameters = list(self.model.parameters())
+            self.optimizer = make_optimizer(optimizer, self.parameters)
+            if self.optimizer is not None:
+                # Create the optimizer state as a previous step would have.
+                for parameter in self.parameters:
+                    if parameter.requires_grad:
+                        parameter.grad = torch.zeros_like(parameter)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+        self.parameter_bytes = sum(p.untyped_storage().nbytes() for p in self.parameters)
+        self.optimizer_state_bytes = sum(
+            t.untyped_storage().nbytes()
+            for state in (self.optimizer.state.values() if self.optimizer else [])
+            for t in state.values()
+            if isinstance(t, torch.Tensor)
+        )
+
+
 def profile_step(
-    traced: TracedModel,
+    state: FakeTrainingState,
     example_inputs: Sequence[torch.Tensor],
     actions: Sequence[SegmentAction],
     *,
     loss_fn: LossFn | None = None,
-    optimizer: OptimizerSpec = "adamw",
     num_micro_batches: int = 1,
     size_oracle: RealSizeOracle | None = None,
-    optimizer_state_bytes: int | None = None,
+    run_optimizer: bool = True,
 ) -> StepProfile:
     """Measure one training step of the traced model planned with ``actions``, on fake tensors.
 
     Args:
-        traced: the traced model and its segments.
+        state: the fake model and optimizer (see :class:`FakeTrainingState`).
         example_inputs: one batch of positional inputs (only shapes and dtypes are used).
         actions: one per segment.
         loss_fn: ``loss_fn(output) -> scalar``; default: sum of the outputs.
-        optimizer: what optimizer state to count (see :func:`make_optimizer`).
         num_micro_batches: split the batch into this many pieces along dim 0, with a backward
             per piece and the gradients accumulated (the first two pieces are measured: the
             second is the steady state, with gradients already live).
         size_oracle: sizes ops whose fake kernels under-report.
-        optimizer_state_bytes: when known from an earlier profile of the same model, count
-            that many bytes of optimizer state and skip the optimizer (its step does not depend
-            on the plan, and simulating it is a third of the work).
+        run_optimizer: run the optimizer step too. Its peak does not depend on the plan, and
+            simulating it can be a third of the work, so the planner runs it once.
 
     Returns:
         The step's profile (NOTE [Step accounting]); with micro-batches, the segment numbers are
         those of the second piece.
     """
     loss_fn = loss_fn or default_loss
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    recorder = _StepRecorder(len(traced.segments))
+    segments = state.traced.segments
+    recorder = _StepRecorder(len(segments))
+    mode = state.mode
     with mode, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = fake_copy(traced.graph_module, mode)
-        planned = build_segmented_module(model, traced.segments, actions, observer=recorder)
-        adopt_state_of(planned, model)
-        parameters = list(model.parameters())
-        fake_optimizer = (
-            make_optimizer(optimizer, parameters) if optimizer_state_bytes is None else None
-        )
-        if fake_optimizer is not None:
-            # Create the optimizer state as a previous step would have.
-            for parameter in parameters:
-                if parameter.requires_grad:
-                    parameter.grad = torch.zeros_like(parameter)
-            fake_optimizer.step()
-            fake_optimizer.zero_grad(set_to_none=True)
+        planned = build_segmented_module(state.model, segments, actions, observer=recorder)
+        adopt_state_of(planned, state.model)
         inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
-        parameter_bytes = sum(p.untyped_storage().nbytes() for p in parameters)
-        state_tensors = tensors_of(model, fake_optimizer)
         tracker = MemoryTracker(
-            initial=[*state_tensors, *[x for x in inputs if isinstance(x, torch.Tensor)]],
+            initial=[
+                *tensors_of(state.model, state.optimizer),
+                *[x for x in inputs if isinstance(x, torch.Tensor)],
+            ],
             observer=recorder.on_op,
             size_oracle=size_oracle,
         )
         recorder.tracker = tracker
-        optimizer_bytes = sum(
-            t.untyped_storage().nbytes()
-            for state in (fake_optimizer.state.values() if fake_optimizer else [])
-            for t in state.values()
-            if isinstance(t, torch.Tensor)
-        )
-        if optimizer_state_bytes is not None:
-            optimizer_bytes = optimizer_state_bytes
-            tracker.add_bytes(optimizer_state_bytes)
         profile = StepProfile(
             start_bytes=tracker.current_bytes,
-            parameter_bytes=parameter_bytes,
-            optimizer_state_bytes=optimizer_bytes,
-            input_bytes=tracker.current_bytes - parameter_bytes - optimizer_bytes,
+            parameter_bytes=state.parameter_bytes,
+            optimizer_state_bytes=state.optimizer_state_bytes,
+            input_bytes=tracker.current_bytes - state.parameter_bytes - state.optimizer_state_bytes,
         )
         with tracker:
             pieces = _micro_batches(inputs, num_micro_batches)
             for piece_index, piece in enumerate(pieces[: min(2, len(pieces))]):
                 if piece_index == 1:
-                    recorder.segments = [SegmentProfile() for _ in traced.segments]
+                    recorder.segments = [SegmentProfile() for _ in segments]
                 recorder.phase = "forward"
                 output = planned(*piece)
                 recorder.forward_finished()
@@ -289,12 +302,13 @@ def profile_step(
                 del loss
                 recorder.current = None
             profile.gradient_bytes = sum(
-                p.grad.untyped_storage().nbytes() for p in parameters if p.grad is not None
+                p.grad.untyped_storage().nbytes() for p in state.parameters if p.grad is not None
             )
             recorder.phase = "optimizer"
-            if fake_optimizer is not None:
-                fake_optimizer.step()
-                fake_optimizer.zero_grad(set_to_none=True)
+            if run_optimizer and state.optimizer is not None:
+                state.optimizer.step()
+            for parameter in state.parameters:
+                parameter.grad = None
         profile.segments = recorder.segments
         profile.phase_peak_bytes = dict(recorder.phase_peak)
         profile.peak_bytes = tracker.peak_bytes

@@ -32,7 +32,13 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from autockpt.errors import InfeasibleBudgetError
-from autockpt.measure import LossFn, OptimizerSpec, StepProfile, profile_step
+from autockpt.measure import (
+    FakeTrainingState,
+    LossFn,
+    OptimizerSpec,
+    StepProfile,
+    profile_step,
+)
 from autockpt.memory import RealSizeOracle
 from autockpt.segmented import SegmentAction
 from autockpt.separable import Separability, analyse_separability
@@ -80,8 +86,10 @@ class SegmentPlan(BaseModel):
     """Whether its interior is dropped after forward and rebuilt in backward."""
     num_chunks: int = 1
     """Pieces along the batch it runs in (only when recomputed)."""
-    chunked_inputs: list[bool] = []
-    """Per input, whether it is split along dim 0 when chunked."""
+    input_batch_dims: list[int | None] = []
+    """Per input, the dimension split into chunks (None: passed whole to every chunk)."""
+    output_batch_dims: list[int] = []
+    """Per output, the dimension the chunks are joined along."""
     reason: str = ""
     """Why the planner chose this option."""
 
@@ -230,23 +238,24 @@ def _plan(
     usable_bytes = read.bytes - context_bytes - headroom_bytes
 
     num_segments = len(traced.segments)
-    # The first profile runs the optimizer; the others reuse its state size and step peak.
+    fake_state = FakeTrainingState(traced, optimizer=optimizer)
+    # The first profile runs the optimizer; the others reuse its step peak.
     kept = profile_step(
-        traced, example_inputs, [SegmentAction()] * num_segments,
-        loss_fn=loss_fn, optimizer=optimizer, size_oracle=oracle,
+        fake_state, example_inputs, [SegmentAction()] * num_segments,
+        loss_fn=loss_fn, size_oracle=oracle,
     )
 
     def measure(actions: Sequence[SegmentAction], num_micro_batches: int = 1) -> StepProfile:
         if num_micro_batches == 1 and all(a == SegmentAction() for a in actions):
             return kept
         profile = profile_step(
-            traced,
+            fake_state,
             example_inputs,
             actions,
             loss_fn=loss_fn,
             num_micro_batches=num_micro_batches,
             size_oracle=oracle,
-            optimizer_state_bytes=kept.optimizer_state_bytes,
+            run_optimizer=False,
         )
         optimizer_peak = kept.phase_peak_bytes["optimizer"]
         profile.phase_peak_bytes["optimizer"] = optimizer_peak
@@ -427,6 +436,9 @@ class _ChainBuilder:
         for chunks in CHUNK_CHOICES:
             if chunks > batch:
                 break
+            if batch % chunks:
+                # Pieces must hold whole samples (a variable-major dim holds B * T rows).
+                continue
             # Interiors shrink with the chunk; the boundary and its gradients do not.
             forward = boundary + max(again.forward_bytes - boundary, 0) / chunks
             backward = 2 * boundary + max(again.backward_bytes - 2 * boundary, 0) / chunks
@@ -532,7 +544,8 @@ def _actions_of(
             SegmentAction(
                 recompute=option.label != "keep",
                 num_chunks=chunks,
-                chunked_inputs=separability.chunked_inputs[index] if chunks > 1 else (),
+                input_batch_dims=separability.input_batch_dims[index] if chunks > 1 else (),
+                output_batch_dims=separability.output_batch_dims[index] if chunks > 1 else (),
             )
         )
         reasons.append(option.label)
@@ -590,7 +603,8 @@ def _segment_plan(
         recompute_s=recompute_s,
         recomputed=action.recompute,
         num_chunks=action.num_chunks,
-        chunked_inputs=list(action.chunked_inputs),
+        input_batch_dims=list(action.input_batch_dims),
+        output_batch_dims=list(action.output_batch_dims),
         reason=reason,
     )
 

@@ -13,9 +13,10 @@ statistics) would update them a second time during the recompute; the runner's r
 context puts those buffers back as they were, so a planned step changes the model's state
 exactly as a plain step does.
 
-A runner with ``num_chunks > 1`` splits its batch-carrying inputs into that many pieces along
-dim 0, checkpoints each piece separately and concatenates the outputs: in backward only one
-piece's interior is rebuilt at a time. That is only correct for a segment where no operation
+A runner with ``num_chunks > 1`` splits its batch-carrying inputs into that many pieces (each
+along the dimension that carries the batch: dim 0 for ``(B, T, H)``, dim 1 for a
+variable-major ``(V, B * T, E)``), checkpoints each piece separately and concatenates the
+outputs along theirs: in backward only one piece's interior is rebuilt at a time. That is only correct for a segment where no operation
 mixes samples, which :mod:`autockpt.separable` establishes before the planner may choose it.
 """
 
@@ -41,12 +42,15 @@ class SegmentAction:
     Attributes:
         recompute: drop its interior after forward and rebuild it in backward.
         num_chunks: run it in this many pieces along the batch (only with ``recompute``).
-        chunked_inputs: for each of the segment's inputs, whether it is split along dim 0.
+        input_batch_dims: for each of the segment's inputs, the dimension that carries the
+            batch (split into pieces), or ``None`` (passed whole to every piece).
+        output_batch_dims: for each output, the dimension the pieces are joined along.
     """
 
     recompute: bool = False
     num_chunks: int = 1
-    chunked_inputs: tuple[bool, ...] = ()
+    input_batch_dims: tuple[int | None, ...] = ()
+    output_batch_dims: tuple[int, ...] = ()
 
 
 KEEP = SegmentAction()
@@ -105,8 +109,8 @@ class SegmentRunner:
     def _chunked(self, inputs: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
         num_chunks = self.action.num_chunks
         split = [
-            torch.tensor_split(value, num_chunks, dim=0) if chunked else None
-            for value, chunked in zip(inputs, self.action.chunked_inputs, strict=True)
+            torch.tensor_split(value, num_chunks, dim=dim) if dim is not None else None
+            for value, dim in zip(inputs, self.action.input_batch_dims, strict=True)
         ]
         pieces = []
         for chunk in range(num_chunks):
@@ -115,7 +119,10 @@ class SegmentRunner:
                 for value, parts in zip(inputs, split, strict=True)
             ]
             pieces.append(self._checkpointed(*chunk_inputs))
-        return tuple(torch.cat(list(parts), dim=0) for parts in zip(*pieces, strict=True))
+        return tuple(
+            torch.cat(list(parts), dim=dim)
+            for parts, dim in zip(zip(*pieces, strict=True), self.action.output_batch_dims, strict=True)
+        )
 
     def _contexts(self) -> tuple[contextlib.AbstractContextManager[None], Any]:
         return contextlib.nullcontext(), _buffers_restored(self.stateful_modules)

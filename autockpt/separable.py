@@ -8,21 +8,24 @@ trust a list of "safe" ops, this is established by experiment on the real model 
 batch: with dropout off (evaluation mode, but normalisation layers that use batch
 statistics left as they are), each segment is run on a few samples at once and on each sample alone,
 and it counts as separable only if every output of every sample agrees (and every output
-carries the batch in dim 0). An input counts as batch-carrying when its dim 0 follows the batch
-size across two runs at different batch sizes. The run uses a copy of the model, so BatchNorm
+carries the batch in dim 0). An input or output carries the batch in the dimension whose size follows the batch
+across two runs at different batch sizes (dim 0 of ``(B, T, H)``, dim 1 of a variable-major
+``(V, B * T, E)``); sample ``j`` is the ``j``-th equal slice of that dimension. The run uses a copy of the model, so BatchNorm
 statistics and the RNG state of the original are untouched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
+from autockpt.memory import flat_tensors
 from autockpt.segmented import KEEP, build_segmented_module
 from autockpt.trace import TracedModel
 
@@ -36,13 +39,15 @@ class Separability:
 
     Attributes:
         chunkable: per segment, whether it may run in chunks along the batch.
-        chunked_inputs: per segment, which of its inputs carry the batch in dim 0.
+        input_batch_dims: per segment, for each input the dimension carrying the batch (or None).
+        output_batch_dims: per segment, for each output the dimension carrying the batch.
         micro_batchable: whether the whole forward may run in micro-batches.
         reason: why micro-batches are not possible, when they are not.
     """
 
     chunkable: tuple[bool, ...]
-    chunked_inputs: tuple[tuple[bool, ...], ...]
+    input_batch_dims: tuple[tuple[int | None, ...], ...]
+    output_batch_dims: tuple[tuple[int, ...], ...]
     micro_batchable: bool
     reason: str
 
@@ -68,7 +73,7 @@ def analyse_separability(
     num_segments = len(traced.segments)
     if batch is None or batch < max(PROBE_BATCHES):
         reason = "the inputs carry no common batch dimension of at least 3"
-        return Separability((False,) * num_segments, ((),) * num_segments, False, reason)
+        return _nothing_separable(num_segments, reason)
     probe_model = copy.deepcopy(traced.graph_module)
     # Evaluation mode turns dropout off everywhere (modules like MultiheadAttention apply it
     # inside); normalisation layers that use batch statistics stay in training mode, since
@@ -78,7 +83,12 @@ def analyse_separability(
         if isinstance(module, torch.nn.modules.batchnorm._NormBase):
             module.train(traced.graph_module.training)
     captures = []
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
+    # fx prints the generated code of a module that raises; a failed probe is an answer here.
+    with (
+        torch.random.fork_rng(devices=[]),
+        torch.no_grad(),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
         for size in PROBE_BATCHES:
             capture = _Capture()
             segmented = build_segmented_module(
@@ -89,28 +99,61 @@ def analyse_separability(
                 full_output = segmented(*probe_inputs)
             except Exception as error:  # the model itself refuses a small batch
                 reason = f"the model does not run on {size} samples ({type(error).__name__})"
-                return Separability((False,) * num_segments, ((),) * num_segments, False, reason)
+                return _nothing_separable(num_segments, reason)
             captures.append((capture, probe_inputs, full_output))
-        chunkable, chunked_inputs = [], []
+        (first, first_inputs, first_output), (second, _, second_output) = captures
+        chunkable, input_dims, output_dims = [], [], []
         for segment in traced.segments:
-            first, second = captures[0][0], captures[1][0]
-            mask = tuple(
-                _carries_batch(a, PROBE_BATCHES[0]) and _carries_batch(b, PROBE_BATCHES[1])
-                for a, b in zip(first.inputs[segment.index], second.inputs[segment.index], strict=True)
+            index = segment.index
+            in_dims = tuple(
+                _batch_dim(a, b)
+                for a, b in zip(first.inputs[index], second.inputs[index], strict=True)
             )
-            module = _segment_module(segmented, segment.index)
-            ok = any(mask) and _agrees_per_sample(
-                module, first.inputs[segment.index], first.outputs[segment.index], mask
+            out_dims = tuple(
+                _batch_dim(a, b)
+                for a, b in zip(
+                    flat_tensors(first.outputs[index]),
+                    flat_tensors(second.outputs[index]),
+                    strict=True,
+                )
+            )
+            ok = (
+                any(d is not None for d in in_dims)
+                and all(d is not None for d in out_dims)
+                and len(out_dims) == len(segment.output_names)
+                and _agrees_per_sample(
+                    _segment_module(segmented, index),
+                    first.inputs[index],
+                    first.outputs[index],
+                    in_dims,
+                    [d for d in out_dims if d is not None],
+                )
             )
             chunkable.append(ok)
-            chunked_inputs.append(mask)
-        capture, probe_inputs, full_output = captures[0]
-        model_mask = tuple(_carries_batch(x, PROBE_BATCHES[0]) for x in probe_inputs)
-        micro_batchable = all(model_mask) and _agrees_per_sample(
-            probe_model, tuple(probe_inputs), full_output, model_mask
+            input_dims.append(in_dims if ok else ())
+            output_dims.append(tuple(d for d in out_dims if d is not None) if ok else ())
+        model_dims = tuple(_batch_dim(a, b) for a, b in zip(first_inputs, captures[1][1], strict=True))
+        model_out_dims = [
+            _batch_dim(a, b)
+            for a, b in zip(flat_tensors(first_output), flat_tensors(second_output), strict=True)
+        ]
+        micro_batchable = (
+            all(d == 0 for d in model_dims)
+            and all(d == 0 for d in model_out_dims)
+            and _agrees_per_sample(
+                probe_model, tuple(first_inputs), first_output, model_dims, [0] * len(model_out_dims)
+            )
         )
     reason = "" if micro_batchable else "some operation mixes samples (e.g. BatchNorm in training)"
-    return Separability(tuple(chunkable), tuple(chunked_inputs), micro_batchable, reason)
+    return Separability(
+        tuple(chunkable), tuple(input_dims), tuple(output_dims), micro_batchable, reason
+    )
+
+
+def _nothing_separable(num_segments: int, reason: str) -> Separability:
+    return Separability(
+        (False,) * num_segments, ((),) * num_segments, ((),) * num_segments, False, reason
+    )
 
 
 def _segment_module(segmented: torch.nn.Module, index: int) -> Any:
@@ -132,30 +175,49 @@ def _take(value: Any, size: int, batch: int) -> Any:
     return value
 
 
-def _carries_batch(value: Any, size: int) -> bool:
-    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == size
+def _batch_dim(first: Any, second: Any) -> int | None:
+    """The dimension whose size follows the batch between the two probes (rows per sample
+    equal), or None."""
+    if not isinstance(first, torch.Tensor) or not isinstance(second, torch.Tensor):
+        return None
+    if first.dim() != second.dim():
+        return None
+    big, small = PROBE_BATCHES
+    for dim, (a, b) in enumerate(zip(first.shape, second.shape, strict=True)):
+        if a != b and a % big == 0 and b % small == 0 and a // big == b // small:
+            return dim
+    return None
+
+
+def _sample(value: Any, dim: int | None, sample: int) -> Any:
+    if dim is None:
+        return value
+    rows = value.shape[dim] // PROBE_BATCHES[0]
+    return value.narrow(dim, sample * rows, rows)
 
 
 def _agrees_per_sample(
-    module: Any, inputs: tuple[Any, ...], full_output: Any, mask: tuple[bool, ...]
+    module: Any,
+    inputs: tuple[Any, ...],
+    full_output: Any,
+    input_dims: Sequence[int | None],
+    output_dims: Sequence[int],
 ) -> bool:
-    full = tree_flatten(full_output)[0]
-    size = PROBE_BATCHES[0]
-    if not full or not all(_carries_batch(t, size) for t in full):
+    full = flat_tensors(full_output)
+    if not full or len(full) != len(output_dims):
         return False
-    for sample in range(size):
+    for sample in range(PROBE_BATCHES[0]):
         sample_inputs = [
-            value[sample : sample + 1] if chunked else value
-            for value, chunked in zip(inputs, mask, strict=True)
+            _sample(value, dim, sample) for value, dim in zip(inputs, input_dims, strict=True)
         ]
         try:
-            alone = tree_flatten(module(*sample_inputs))[0]
+            alone = flat_tensors(module(*sample_inputs))
         except Exception:  # e.g. BatchNorm refuses one sample in training mode
             return False
         if len(alone) != len(full):
             return False
-        for whole, single in zip(full, alone, strict=True):
-            expected = whole[sample : sample + 1]
+        for whole, single, dim in zip(full, alone, output_dims, strict=True):
+            expected = _sample(whole, dim, sample)
             if single.shape != expected.shape or not torch.allclose(
                 single.float(), expected.float(), rtol=1e-4, atol=1e-5
             ):

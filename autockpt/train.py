@@ -1,0 +1,488 @@
+"""Training the TFT under a memory budget: plan once, then a plain AdamW loop.
+
+:func:`train` takes what :func:`autockpt.prepare.prepare` resolved (device, data, model, plan)
+and runs the loop in a :class:`Trainer`: planned steps, validation on the unplanned model,
+early stopping, and the run folder (:mod:`autockpt.runs`) written at the end of each epoch.
+
+NOTE [Enforcing the budget]
+The plan predicts the peak of one step; the trainer checks it on every step. On the CPU the
+measure is tracked tensor bytes: the step (forward, backward, clipping, optimizer) runs under a
+:class:`~autockpt.memory.MemoryTracker` that starts from the parameters, their gradients, the
+optimizer state and the batch, as the planner counts them. On CUDA it is what ``nvidia-smi``
+would show: ``torch.cuda.max_memory_reserved`` plus the plan's estimate of the CUDA context.
+When a step goes over (CPU) or runs out of memory (CUDA, the step is retried), the trainer
+re-plans at ``REPLAN_FRACTION`` of the budget it planned for, at most ``MAX_REPLANS`` times in a
+run, and logs each re-plan as an event. The tightened budget is saved with the run, so a resumed
+run plans at it too.
+
+NOTE [Exact resume]
+``last.pt`` is written at the end of every epoch, after validation, with the model, optimizer,
+scheduler and gradient-scaler states and the torch/numpy/Python random states. Batch order comes
+from ``iterate_batches(seed=seed + epoch)`` and planning runs under ``torch.random.fork_rng``, so
+a run that is stopped after epoch k and resumed draws exactly the dropout masks and batches the
+uninterrupted run would have: the weights come out equal.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
+
+import torch
+
+import autockpt
+from autockpt.config import TrainConfig
+from autockpt.errors import DataError, DeviceError
+from autockpt.memory import MemoryTracker, tensors_of
+from autockpt.prepare import Setup, autocast, make_plan, seed_everything
+from autockpt.progress import Reporter
+from autockpt.runs import BEST_FILE, LAST_FILE, RunFolder, capture_rng_state, restore_rng_state
+from autockpt.units import format_bytes, parse_budget
+from tft.data import WindowDataset, iterate_batches
+
+#: Share of the budget a re-plan aims at after a step went over (NOTE [Enforcing the budget]).
+REPLAN_FRACTION = 0.9
+#: Re-plans allowed in one run before the trainer gives up.
+MAX_REPLANS = 3
+#: Bump when the checkpoint layout changes.
+CHECKPOINT_FORMAT = 1
+
+
+def learning_rate_factor(config: TrainConfig, total_steps: int) -> Callable[[int], float]:
+    """Multiplier of the peak learning rate at each step: linear warm-up, then cosine to 0."""
+    warmup = int(config.warmup_fraction * total_steps)
+
+    def factor(step: int) -> float:
+        if config.lr_schedule == "constant":
+            return 1.0
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(total_steps - warmup, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Validation metrics; MAE and RMSE of the median are in target-transform units."""
+
+    loss: float
+    mae: float
+    rmse: float
+    coverage: float
+    """Share of targets between the lowest and the highest quantile."""
+    num_windows: int
+
+
+def evaluate(setup: Setup, dataset: WindowDataset, *, max_batches: int | None) -> Evaluation | None:
+    """Metrics of the (unplanned) model on ``dataset`` without autograd; None when empty."""
+    if len(dataset) == 0:
+        return None
+    model, quantiles = setup.model, setup.model_config.quantiles
+    median = min(range(len(quantiles)), key=lambda i: abs(quantiles[i] - 0.5))
+    target_std = setup.data.normalizer.target_std
+    totals = {"loss": 0.0, "abs": 0.0, "square": 0.0, "covered": 0.0}
+    num_windows = num_values = 0
+    was_training = model.training
+    model.eval()
+    batches = iterate_batches(dataset, setup.batch_size, shuffle=False, seed=0, drop_last=False)
+    with torch.no_grad(), autocast(setup):
+        for batch in islice(batches, max_batches):
+            inputs = tuple(t.to(setup.device) for t in batch.inputs())
+            target = batch.target.to(setup.device)  # (B, H)
+            prediction = model(*inputs).float()  # (B, H, Q)
+            error = (prediction[..., median] - target) * target_std
+            inside = (target >= prediction[..., 0]) & (target <= prediction[..., -1])
+            totals["loss"] += setup.loss_fn(prediction, target).item() * len(target)
+            totals["abs"] += error.abs().sum().item()
+            totals["square"] += error.square().sum().item()
+            totals["covered"] += inside.sum().item()
+            num_windows += len(target)
+            num_values += target.numel()
+    model.train(was_training)
+    return Evaluation(
+        loss=totals["loss"] / num_windows,
+        mae=totals["abs"] / num_values,
+        rmse=math.sqrt(totals["square"] / num_values),
+        coverage=totals["covered"] / num_values,
+        num_windows=num_windows,
+    )
+
+
+# ---------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class RunState:
+    """Where the run is; saved in ``last.pt``."""
+
+    epoch: int = 0
+    """Epochs finished."""
+    global_step: int = 0
+    best_val_loss: float | None = None
+    epochs_without_improvement: int = 0
+    planning_budget_bytes: int | None = None
+    """The budget the current plan was made for, once a re-plan tightened it."""
+    num_replans: int = 0
+    peak_bytes: int = 0
+    step_seconds: list[float] = field(default_factory=list)
+
+
+class Trainer:
+    """Runs epochs of planned training steps and validation, writing the run folder."""
+
+    def __init__(self, setup: Setup, run: RunFolder, reporter: Reporter) -> None:
+        self.setup = setup
+        self.run = run
+        self.reporter = reporter
+        self.config = setup.config
+        self.model = setup.model
+        self.plan = setup.plan
+        self.planned = autockpt.apply(self.model, self.plan)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=self.config.lr, weight_decay=self.config.weight_decay
+        )
+        num_batches = len(setup.data.train) // setup.batch_size
+        if num_batches == 0:
+            raise DataError(
+                f"{setup.data_path}: {len(setup.data.train)} training windows are fewer than "
+                f"batch size {setup.batch_size}; lower --batch-size or use a longer file"
+            )
+        self.steps_per_epoch = min(num_batches, self.config.max_steps_per_epoch or num_batches)
+        factor = learning_rate_factor(self.config, self.steps_per_epoch * self.config.epochs)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
+        use_scaler = setup.autocast_dtype == torch.float16
+        self.scaler = torch.amp.GradScaler(setup.device.type) if use_scaler else None
+        self.state = RunState()
+        self.pending: list[dict[str, Any]] = []
+
+    # -------------------------------------------------------------- saving and resuming
+
+    def checkpoint(self, *, full: bool) -> dict[str, Any]:
+        data = self.setup.data
+        checkpoint: dict[str, Any] = {
+            "format": CHECKPOINT_FORMAT,
+            "model": self.model.state_dict(),
+            "model_config": self.setup.model_config.model_dump(mode="json"),
+            "normalizer": data.normalizer.to_dict(),
+            "column_roles": data.normalizer.roles.model_dump(mode="json"),
+            "epoch": self.state.epoch,
+            "global_step": self.state.global_step,
+            "best_val_loss": self.state.best_val_loss,
+        }
+        if full:
+            checkpoint.update(
+                optimizer=self.optimizer.state_dict(),
+                scheduler=self.scheduler.state_dict(),
+                scaler=self.scaler.state_dict() if self.scaler is not None else None,
+                rng=capture_rng_state(),
+                epochs_without_improvement=self.state.epochs_without_improvement,
+                planning_budget_bytes=self.state.planning_budget_bytes,
+                num_replans=self.state.num_replans,
+                peak_bytes=self.state.peak_bytes,
+            )
+        return checkpoint
+
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        """Continue from ``last.pt`` (see NOTE [Exact resume])."""
+        self.model.load_state_dict(checkpoint["model"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.scheduler.load_state_dict(checkpoint["scheduler"])
+        if self.scaler is not None and checkpoint["scaler"] is not None:
+            self.scaler.load_state_dict(checkpoint["scaler"])
+        self.state = RunState(
+            epoch=checkpoint["epoch"],
+            global_step=checkpoint["global_step"],
+            best_val_loss=checkpoint["best_val_loss"],
+            epochs_without_improvement=checkpoint["epochs_without_improvement"],
+            planning_budget_bytes=checkpoint["planning_budget_bytes"],
+            num_replans=checkpoint["num_replans"],
+            peak_bytes=checkpoint["peak_bytes"],
+        )
+        tightened = self.state.planning_budget_bytes
+        if tightened is not None and tightened < self.plan.budget_bytes:
+            self.replan(tightened, reason="resuming at the run's tightened budget")
+        restore_rng_state(checkpoint["rng"])
+
+    # -------------------------------------------------------------- the run
+
+    def fit(self) -> dict[str, Any]:
+        """Train until the last epoch or early stopping; returns the summary record."""
+        config = self.config
+        self.model.train()
+        self.reporter.start(
+            num_epochs=config.epochs,
+            first_epoch=self.state.epoch,
+            steps_per_epoch=self.steps_per_epoch,
+        )
+        stopped = "finished" if self.state.epoch < config.epochs else "already finished"
+        while self.state.epoch < config.epochs:
+            if self.state.epochs_without_improvement >= config.patience:
+                stopped = f"early stop: no better validation loss for {config.patience} epochs"
+                break
+            self.run_epoch()
+        summary = self.summary(stopped)
+        self.run.append_metrics([summary])
+        self.reporter.finish(summary)
+        return summary
+
+    def run_epoch(self) -> None:
+        config, setup = self.config, self.setup
+        epoch_index = self.state.epoch  # 0-based; records count epochs from 1
+        started = time.perf_counter()
+        batches = iterate_batches(
+            setup.data.train,
+            setup.batch_size,
+            shuffle=True,
+            seed=config.seed + epoch_index,
+            drop_last=True,
+        )
+        losses, epoch_peak = [], 0
+        for step_in_epoch, batch in enumerate(islice(batches, self.steps_per_epoch), start=1):
+            inputs = tuple(t.to(setup.device) for t in batch.inputs())
+            target = batch.target.to(setup.device)
+            lr = self.scheduler.get_last_lr()[0]
+            step_started = time.perf_counter()
+            loss, peak_bytes = self.step(inputs, target)
+            step_s = time.perf_counter() - step_started
+            self.state.global_step += 1
+            self.state.step_seconds.append(step_s)
+            losses.append(loss)
+            epoch_peak = max(epoch_peak, peak_bytes)
+            record = {
+                "kind": "step",
+                "epoch": epoch_index + 1,
+                "step": self.state.global_step,
+                "step_in_epoch": step_in_epoch,
+                "loss": loss,
+                "lr": lr,
+                "step_s": step_s,
+                "samples_per_s": len(target) / step_s,
+                "peak_bytes": peak_bytes,
+                "budget_bytes": self.budget_bytes,
+            }
+            self.pending.append(record)
+            self.reporter.step(record)
+            self.enforce_budget(peak_bytes)
+        self.state.peak_bytes = max(self.state.peak_bytes, epoch_peak)
+        self.finish_epoch(sum(losses) / len(losses), epoch_peak, time.perf_counter() - started)
+
+    def finish_epoch(self, train_loss: float, epoch_peak: int, epoch_s: float) -> None:
+        config = self.config
+        evaluation = evaluate(
+            self.setup, self.setup.data.validation, max_batches=config.max_steps_per_epoch
+        )
+        score = evaluation.loss if evaluation is not None else train_loss
+        improved = self.state.best_val_loss is None or score < self.state.best_val_loss
+        self.state.epoch += 1
+        if improved:
+            self.state.best_val_loss = score
+            self.state.epochs_without_improvement = 0
+        else:
+            self.state.epochs_without_improvement += 1
+        record = {
+            "kind": "epoch",
+            "epoch": self.state.epoch,
+            "num_epochs": config.epochs,
+            "step": self.state.global_step,
+            "train_loss": train_loss,
+            "val_loss": evaluation.loss if evaluation else None,
+            "val_mae": evaluation.mae if evaluation else None,
+            "val_rmse": evaluation.rmse if evaluation else None,
+            "val_coverage": evaluation.coverage if evaluation else None,
+            "improved": improved,
+            "peak_bytes": epoch_peak,
+            "budget_bytes": self.budget_bytes,
+            "predicted_peak_bytes": self.plan.predicted_peak_bytes,
+            "epoch_s": epoch_s,
+        }
+        if improved:
+            self.run.save_checkpoint(BEST_FILE, self.checkpoint(full=False))
+        self.run.save_checkpoint(LAST_FILE, self.checkpoint(full=True))
+        self.run.append_metrics([*self.pending, record])
+        self.pending = []
+        self.reporter.epoch(record)
+
+    def step(self, inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> tuple[float, int]:
+        """One optimizer step; returns (loss, peak bytes by NOTE [Enforcing the budget])."""
+        for attempt in range(MAX_REPLANS + 1):
+            try:
+                with self.memory_measure(inputs, target) as measure:
+                    loss = self.forward_backward(inputs, target)
+                    self.optimizer_step()
+                return loss, measure.peak_bytes
+            except torch.OutOfMemoryError:
+                if self.setup.device.type != "cuda" or attempt == MAX_REPLANS:
+                    raise
+                self.optimizer.zero_grad(set_to_none=True)
+                gc.collect()
+                torch.cuda.empty_cache()
+                self.replan(
+                    int(self.planning_budget_bytes * REPLAN_FRACTION),
+                    reason=f"CUDA ran out of memory at step {self.state.global_step + 1}",
+                )
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def forward_backward(self, inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> float:
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.setup.loss_fn
+        scale = 1.0
+        if self.scaler is not None:
+            # training_step runs backward itself, so the scaling goes into the loss it is given.
+            scaler, unscaled = self.scaler, self.setup.loss_fn
+            scale = float(scaler.get_scale())
+
+            def loss_fn(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+                return scaler.scale(unscaled(prediction, target))
+
+        with autocast(self.setup):
+            loss = autockpt.training_step(self.planned, self.plan, inputs, (target,), loss_fn)
+        return float(loss.item()) / scale
+
+    def optimizer_step(self) -> None:
+        parameters = list(self.model.parameters())
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if self.config.grad_clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(parameters, self.config.grad_clip_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # -------------------------------------------------------------- memory
+
+    @property
+    def budget_bytes(self) -> int | None:
+        return self.setup.budget.bytes if self.setup.budget is not None else None
+
+    @property
+    def planning_budget_bytes(self) -> int:
+        if self.state.planning_budget_bytes is not None:
+            return self.state.planning_budget_bytes
+        return self.plan.budget_bytes
+
+    @contextmanager
+    def memory_measure(
+        self, inputs: tuple[torch.Tensor, ...], target: torch.Tensor
+    ) -> Iterator[_PeakReading]:
+        """Measure one step's peak as NOTE [Enforcing the budget] says."""
+        reading = _PeakReading()
+        if self.setup.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.setup.device)
+            yield reading
+            reading.peak_bytes = (
+                torch.cuda.max_memory_reserved(self.setup.device)
+                + self.plan.breakdown.context_bytes
+            )
+            return
+        initial = [*tensors_of(self.model, self.optimizer), *inputs, target]
+        with MemoryTracker(initial=initial) as tracker:
+            yield reading
+        reading.peak_bytes = tracker.peak_bytes
+
+    def enforce_budget(self, peak_bytes: int) -> None:
+        """Re-plan tighter when a CPU step went over the budget (NOTE [Enforcing the budget])."""
+        budget = self.budget_bytes
+        if budget is None or peak_bytes <= budget or self.setup.device.type == "cuda":
+            return
+        if self.state.num_replans >= MAX_REPLANS:
+            self.event(
+                f"step {self.state.global_step} peaked at {format_bytes(peak_bytes)}, over the "
+                f"budget {format_bytes(budget)}, after {MAX_REPLANS} re-plans; not re-planning again"
+            )
+            return
+        self.replan(
+            int(self.planning_budget_bytes * REPLAN_FRACTION),
+            reason=(
+                f"step {self.state.global_step} peaked at {format_bytes(peak_bytes)}, over the "
+                f"budget {format_bytes(budget)}"
+            ),
+        )
+
+    def replan(self, budget_bytes: int, *, reason: str) -> None:
+        """Plan again for ``budget_bytes`` and swap the planned model (same parameters)."""
+        setup = self.setup
+        if self.state.num_replans >= MAX_REPLANS and reason.startswith("CUDA"):
+            raise DeviceError(
+                f"CUDA ran out of memory {MAX_REPLANS + 1} times at step "
+                f"{self.state.global_step + 1} despite re-planning; lower --vram-budget or "
+                f"--batch-size, then continue with --resume {self.run.path}"
+            )
+        budget = parse_budget(budget_bytes)
+        self.plan = make_plan(
+            self.model,
+            setup.example_inputs,
+            budget,
+            loss_fn=setup.loss_fn,
+            device=setup.device,
+            config=self.config,
+            autocast_dtype=setup.autocast_dtype,
+        )
+        self.planned = autockpt.apply(self.model, self.plan)
+        self.state.planning_budget_bytes = budget_bytes
+        self.state.num_replans += 1
+        self.run.write_plan(self.plan.model_dump_json(indent=2))
+        self.event(
+            f"{reason}: re-planned for {format_bytes(budget_bytes)} "
+            f"(predicted peak {format_bytes(self.plan.predicted_peak_bytes)}, "
+            f"{self.plan.num_recomputed} segments recomputed, "
+            f"{self.plan.num_micro_batches} micro-batches)"
+        )
+
+    def event(self, message: str) -> None:
+        record = {"kind": "event", "step": self.state.global_step, "message": message}
+        self.pending.append(record)
+        self.reporter.event(record)
+
+    def summary(self, stopped: str) -> dict[str, Any]:
+        seconds = self.state.step_seconds
+        on_cuda = self.setup.device.type == "cuda"
+        return {
+            "kind": "summary",
+            "run_dir": str(self.run.path),
+            "epochs_done": self.state.epoch,
+            "stopped": stopped,
+            "global_step": self.state.global_step,
+            "best_val_loss": self.state.best_val_loss,
+            "peak_bytes": self.state.peak_bytes,
+            "budget_bytes": self.budget_bytes,
+            "predicted_peak_bytes": self.plan.predicted_peak_bytes,
+            "within_budget": self.budget_bytes is None
+            or self.state.peak_bytes <= self.budget_bytes,
+            "memory_measure": "CUDA reserved + context" if on_cuda else "tracked tensor bytes",
+            "mean_step_s": sum(seconds) / len(seconds) if seconds else 0.0,
+            "num_replans": self.state.num_replans,
+        }
+
+
+@dataclass
+class _PeakReading:
+    peak_bytes: int = 0
+
+
+# ---------------------------------------------------------------------------- entry points
+
+
+def train(
+    setup: Setup, run: RunFolder, reporter: Reporter, *, checkpoint: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Train (from ``checkpoint`` when resuming) and return the summary record."""
+    trainer = Trainer(setup, run, reporter)
+    if checkpoint is not None:
+        trainer.restore(checkpoint)
+    else:
+        seed_everything(setup.config.seed)
+    return trainer.fit()
