@@ -219,11 +219,20 @@ class FakeTrainingState:
             self.parameters = list(self.model.parameters())
             self.optimizer = make_optimizer(optimizer, self.parameters)
             if self.optimizer is not None:
-                # Create the optimizer state as a previous step would have.
+                # Create the optimizer state as a previous step would have: with the foreach
+                # implementation where there is one (a few ops instead of a few per
+                # parameter), then back to the implementation the tracked step will use.
                 for parameter in self.parameters:
                     if parameter.requires_grad:
                         parameter.grad = torch.zeros_like(parameter)
+                settings = [group.get("foreach") for group in self.optimizer.param_groups]
+                for group in self.optimizer.param_groups:
+                    if "foreach" in group:
+                        group["foreach"] = True
                 self.optimizer.step()
+                for group, setting in zip(self.optimizer.param_groups, settings, strict=True):
+                    if "foreach" in group:
+                        group["foreach"] = setting
                 self.optimizer.zero_grad(set_to_none=True)
         self.parameter_bytes = sum(p.untyped_storage().nbytes() for p in self.parameters)
         self.optimizer_state_bytes = sum(
@@ -252,15 +261,14 @@ def profile_step(
         actions: one per segment.
         loss_fn: ``loss_fn(output) -> scalar``; default: sum of the outputs.
         num_micro_batches: split the batch into this many pieces along dim 0, with a backward
-            per piece and the gradients accumulated (the first two pieces are measured: the
-            second is the steady state, with gradients already live).
+            per piece and the gradients accumulated. One piece is measured, in the steady
+            state: with every gradient already live, as an earlier piece leaves them.
         size_oracle: sizes ops whose fake kernels under-report.
         run_optimizer: run the optimizer step too. Its peak does not depend on the plan, and
             simulating it can be a third of the work, so the planner runs it once.
 
     Returns:
-        The step's profile (NOTE [Step accounting]); with micro-batches, the segment numbers are
-        those of the second piece.
+        The step's profile (NOTE [Step accounting]); with micro-batches, of one piece.
     """
     loss_fn = loss_fn or default_loss
     segments = state.traced.segments
@@ -287,20 +295,25 @@ def profile_step(
             input_bytes=tracker.current_bytes - state.parameter_bytes - state.optimizer_state_bytes,
         )
         with tracker:
-            pieces = _micro_batches(inputs, num_micro_batches)
-            for piece_index, piece in enumerate(pieces[: min(2, len(pieces))]):
-                if piece_index == 1:
-                    recorder.segments = [SegmentProfile() for _ in segments]
-                recorder.phase = "forward"
-                output = planned(*piece)
-                recorder.forward_finished()
-                recorder.phase = "loss"
-                loss = loss_fn(output)
-                del output
-                recorder.phase = "backward"
-                loss.backward()
-                del loss
-                recorder.current = None
+            piece = _first_micro_batch(inputs, num_micro_batches)
+            if num_micro_batches > 1:
+                # The steady state of accumulation: an earlier piece left every gradient live.
+                for parameter in state.parameters:
+                    if parameter.requires_grad:
+                        parameter.grad = torch.zeros_like(parameter)
+                        tracker.register(parameter.grad)
+                tracker.reset_peak()
+                profile.start_bytes = tracker.current_bytes
+            recorder.phase = "forward"
+            output = planned(*piece)
+            recorder.forward_finished()
+            recorder.phase = "loss"
+            loss = loss_fn(output)
+            del output
+            recorder.phase = "backward"
+            loss.backward()
+            del loss
+            recorder.current = None
             profile.gradient_bytes = sum(
                 p.grad.untyped_storage().nbytes() for p in state.parameters if p.grad is not None
             )
@@ -315,16 +328,10 @@ def profile_step(
     return profile
 
 
-def _micro_batches(
-    inputs: Sequence[Any], num_micro_batches: int
-) -> list[list[Any]]:
+def _first_micro_batch(inputs: Sequence[Any], num_micro_batches: int) -> list[Any]:
     if num_micro_batches <= 1:
-        return [list(inputs)]
-    split = [
-        torch.tensor_split(x, num_micro_batches, dim=0) if isinstance(x, torch.Tensor) else None
-        for x in inputs
-    ]
+        return list(inputs)
     return [
-        [parts[i] if parts is not None else x for x, parts in zip(inputs, split, strict=True)]
-        for i in range(num_micro_batches)
+        torch.tensor_split(x, num_micro_batches, dim=0)[0] if isinstance(x, torch.Tensor) else x
+        for x in inputs
     ]

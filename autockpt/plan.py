@@ -283,25 +283,32 @@ def _plan(
             notes.append(message)
     else:
         strategy = "auto"
-        separability = analyse_separability(traced, example_inputs)
-        if not allow_chunks:
-            separability = dataclasses.replace(
-                separability, chunkable=(False,) * num_segments
-            )
-        if not separability.micro_batchable:
-            notes.append(f"micro-batches not used: {separability.reason}")
+        # Plain recompute first: chunks and micro-batches only pay off where it cannot fit,
+        # and finding out whether they are allowed costs a probe on the real model.
+        separability = Separability.nothing(num_segments, "plain recompute fits")
         halves: tuple[StepProfile, StepProfile] | None = None
         choice = _choose(builder, kept, recomputed, None, separability, batch_size, usable_bytes)
-        can_split = allow_micro_batches and separability.micro_batchable and batch_size >= 2
-        if can_split and choice is None:
-            # Micro-batches are measured only when needed: two more profiles at half the batch.
-            halves = (
-                measure([SegmentAction()] * num_segments, 2),
-                measure([SegmentAction(recompute=True)] * num_segments, 2),
-            )
+        if choice is None and (allow_chunks or allow_micro_batches):
+            separability = analyse_separability(traced, example_inputs)
+            if not allow_chunks:
+                separability = dataclasses.replace(
+                    separability, chunkable=(False,) * num_segments
+                )
+            if not separability.micro_batchable:
+                notes.append(f"micro-batches not used: {separability.reason}")
             choice = _choose(
-                builder, kept, recomputed, halves, separability, batch_size, usable_bytes
+                builder, kept, recomputed, None, separability, batch_size, usable_bytes
             )
+            can_split = allow_micro_batches and separability.micro_batchable and batch_size >= 2
+            if can_split and choice is None:
+                # Micro-batches are measured only when needed: two profiles of a half batch.
+                halves = (
+                    measure([SegmentAction()] * num_segments, 2),
+                    measure([SegmentAction(recompute=True)] * num_segments, 2),
+                )
+                choice = _choose(
+                    builder, kept, recomputed, halves, separability, batch_size, usable_bytes
+                )
         if choice is None:
             raise _infeasible(read, builder, kept, recomputed, halves, separability, batch_size,
                               context_bytes + headroom_bytes)
@@ -486,8 +493,10 @@ def _extrapolate(
             max(2 * h - w, 0.0) + 2 * (w - h) / num_micro_batches
             for w, h in zip(values, half[key], strict=True)
         ]
-    # Optimizer state and parameters do not shrink with the batch.
+    # Optimizer state and parameters do not shrink with the batch; from two pieces on, the
+    # gradients are live before each piece starts, as in the half-batch profile.
     fitted["optimizer"] = whole["optimizer"]
+    fitted["start"] = half["start"]
     return fitted
 
 

@@ -51,6 +51,13 @@ class Separability:
     micro_batchable: bool
     reason: str
 
+    @classmethod
+    def nothing(cls, num_segments: int, reason: str) -> Separability:
+        """No segment may be chunked and the step may not be split."""
+        return cls(
+            (False,) * num_segments, ((),) * num_segments, ((),) * num_segments, False, reason
+        )
+
 
 class _Capture:
     def __init__(self) -> None:
@@ -73,7 +80,7 @@ def analyse_separability(
     num_segments = len(traced.segments)
     if batch is None or batch < max(PROBE_BATCHES):
         reason = "the inputs carry no common batch dimension of at least 3"
-        return _nothing_separable(num_segments, reason)
+        return Separability.nothing(num_segments, reason)
     probe_model = copy.deepcopy(traced.graph_module)
     # Evaluation mode turns dropout off everywhere (modules like MultiheadAttention apply it
     # inside); normalisation layers that use batch statistics stay in training mode, since
@@ -99,7 +106,7 @@ def analyse_separability(
                 full_output = segmented(*probe_inputs)
             except Exception as error:  # the model itself refuses a small batch
                 reason = f"the model does not run on {size} samples ({type(error).__name__})"
-                return _nothing_separable(num_segments, reason)
+                return Separability.nothing(num_segments, reason)
             captures.append((capture, probe_inputs, full_output))
         (first, first_inputs, first_output), (second, _, second_output) = captures
         chunkable, input_dims, output_dims = [], [], []
@@ -147,12 +154,6 @@ def analyse_separability(
     reason = "" if micro_batchable else "some operation mixes samples (e.g. BatchNorm in training)"
     return Separability(
         tuple(chunkable), tuple(input_dims), tuple(output_dims), micro_batchable, reason
-    )
-
-
-def _nothing_separable(num_segments: int, reason: str) -> Separability:
-    return Separability(
-        (False,) * num_segments, ((),) * num_segments, ((),) * num_segments, False, reason
     )
 
 
