@@ -69,7 +69,9 @@ class RealSizeOracle:
         with unset_fake_temporarily():
             out = func.overloadpacket(*tree_map(real_zeros, args), **tree_map(real_zeros, kwargs))
         return [
-            t.untyped_storage().nbytes() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)
+            t.untyped_storage().nbytes()
+            for t in tree_flatten(out)[0]
+            if isinstance(t, torch.Tensor)
         ]
 
 

@@ -53,6 +53,8 @@ CHUNK_CHOICES = (2, 4, 8, 16, 32)
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16, 32)
 #: Rounds of re-solving when the measured plan exceeds the budget (NOTE [Planning], step 5).
 MAX_REPLANS = 4
+#: Real steps run to verify a plan before giving up (see ``plan(verify=...)``).
+MAX_VERIFY_ROUNDS = 3
 #: What the CUDA context takes before any tensor (measured when a GPU is present).
 DEFAULT_CUDA_CONTEXT_BYTES = 512 * 2**20
 #: Share of a CUDA budget kept back for the caching allocator's rounding and fragmentation.
@@ -162,6 +164,7 @@ def plan(
     use_gradient_checkpointing: bool | None = None,
     allow_micro_batches: bool = True,
     allow_chunks: bool = True,
+    verify: bool | None = None,
 ) -> Plan:
     """Plan a training step of ``model`` that fits ``budget`` (NOTE [Planning]).
 
@@ -184,6 +187,11 @@ def plan(
             micro-batches keep gradients equal with dropout off; with dropout on each piece
             draws its own masks, so turn both off where bit-for-bit dropout equality with the
             unplanned model matters (plain recompute keeps it).
+        verify: run one real planned step and compare its peak with the prediction; if it
+            is over the budget, plan again against a budget lowered by the overshoot (up to
+            ``MAX_VERIFY_ROUNDS`` times). Default: on CUDA only (on the CPU the prediction is
+            measured with the very kernels the step runs). Needs the model and inputs on the
+            device.
 
     Returns:
         The plan: which segments recompute (and in how many chunks), how many micro-batches,
@@ -200,25 +208,62 @@ def plan(
     """
     resolved_device = _resolve_device(model, device)
     rng_devices = [resolved_device.index or 0] if resolved_device.type == "cuda" else []
-    # Calibration and probes draw random numbers; the caller's RNG stream must not move.
-    with torch.random.fork_rng(devices=rng_devices):
-        return _plan(
-            model,
-            example_inputs,
-            budget,
-            loss_fn=loss_fn,
-            optimizer=optimizer,
-            device=resolved_device,
-            use_gradient_checkpointing=use_gradient_checkpointing,
-            allow_micro_batches=allow_micro_batches,
-            allow_chunks=allow_chunks,
+    read = budget if isinstance(budget, Budget) else parse_budget(budget, device=resolved_device)
+    if verify is None:
+        verify = resolved_device.type == "cuda"
+    target = read
+    notes: list[str] = []
+    for _ in range(MAX_VERIFY_ROUNDS):
+        # Calibration and probes draw random numbers; the caller's RNG stream must not move.
+        with torch.random.fork_rng(devices=rng_devices):
+            result = _plan(
+                model,
+                example_inputs,
+                target,
+                loss_fn=loss_fn,
+                optimizer=optimizer,
+                device=resolved_device,
+                use_gradient_checkpointing=use_gradient_checkpointing,
+                allow_micro_batches=allow_micro_batches,
+                allow_chunks=allow_chunks,
+            )
+        result = result.model_copy(
+            update={
+                "budget_bytes": read.bytes,
+                "budget_text": read.text,
+                "budget_reading": read.reading,
+                "fits": result.predicted_peak_bytes <= read.bytes,
+            }
         )
+        if not verify or use_gradient_checkpointing is not None:
+            return result.model_copy(update={"notes": [*notes, *result.notes]})
+        from autockpt.verify import verify_plan  # verify imports apply, which imports plan
+
+        check = verify_plan(model, result, example_inputs, loss_fn=loss_fn, optimizer=optimizer)
+        notes.append(
+            f"verified: a real step peaked at {format_bytes(check.reserved_peak_bytes)}, "
+            f"{format_bytes(check.predicted_peak_bytes)} predicted"
+        )
+        if check.within_budget:
+            return result.model_copy(update={"notes": [*notes, *result.notes]})
+        overshoot = check.reserved_peak_bytes - read.bytes
+        lowered = target.bytes - overshoot
+        notes.append(f"re-planned: the real step was {format_bytes(overshoot)} over the budget")
+        if lowered <= 0:
+            break
+        target = Budget(bytes=lowered, text=read.text, reading=read.reading)
+    raise InfeasibleBudgetError(
+        f"budget {read.text} could not be kept on {resolved_device}: real steps stayed over it "
+        "after re-planning; raise the budget or lower the batch size",
+        budget_bytes=read.bytes,
+        minimum_bytes=read.bytes,
+    )
 
 
 def _plan(
     model: torch.nn.Module,
     example_inputs: Sequence[torch.Tensor],
-    budget: str | int,
+    budget: Budget,
     *,
     loss_fn: LossFn | None,
     optimizer: OptimizerSpec,
@@ -229,7 +274,7 @@ def _plan(
 ) -> Plan:
     started = time.perf_counter()
     resolved_device = device
-    read = budget if isinstance(budget, Budget) else parse_budget(budget, device=resolved_device)
+    read = budget
     batch_size = _batch_size(example_inputs)
     traced = trace_model(model, example_inputs)
     oracle = RealSizeOracle() if resolved_device.type == "cpu" else None
@@ -241,8 +286,11 @@ def _plan(
     fake_state = FakeTrainingState(traced, optimizer=optimizer)
     # The first profile runs the optimizer; the others reuse its step peak.
     kept = profile_step(
-        fake_state, example_inputs, [SegmentAction()] * num_segments,
-        loss_fn=loss_fn, size_oracle=oracle,
+        fake_state,
+        example_inputs,
+        [SegmentAction()] * num_segments,
+        loss_fn=loss_fn,
+        size_oracle=oracle,
     )
 
     def measure(actions: Sequence[SegmentAction], num_micro_batches: int = 1) -> StepProfile:
@@ -291,9 +339,7 @@ def _plan(
         if choice is None and (allow_chunks or allow_micro_batches):
             separability = analyse_separability(traced, example_inputs)
             if not allow_chunks:
-                separability = dataclasses.replace(
-                    separability, chunkable=(False,) * num_segments
-                )
+                separability = dataclasses.replace(separability, chunkable=(False,) * num_segments)
             if not separability.micro_batchable:
                 notes.append(f"micro-batches not used: {separability.reason}")
             choice = _choose(
@@ -310,8 +356,16 @@ def _plan(
                     builder, kept, recomputed, halves, separability, batch_size, usable_bytes
                 )
         if choice is None:
-            raise _infeasible(read, builder, kept, recomputed, halves, separability, batch_size,
-                              context_bytes + headroom_bytes)
+            raise _infeasible(
+                read,
+                builder,
+                kept,
+                recomputed,
+                halves,
+                separability,
+                batch_size,
+                context_bytes + headroom_bytes,
+            )
         actions, num_micro_batches, reasons = choice
         final = measure(actions, num_micro_batches)
         target = usable_bytes
@@ -337,8 +391,16 @@ def _plan(
                     notes.append("took the lowest-peak plan: the cheaper ones measured over")
                     break
         if final.peak_bytes > usable_bytes:
-            raise _infeasible(read, builder, kept, recomputed, halves, separability, batch_size,
-                              context_bytes + headroom_bytes)
+            raise _infeasible(
+                read,
+                builder,
+                kept,
+                recomputed,
+                halves,
+                separability,
+                batch_size,
+                context_bytes + headroom_bytes,
+            )
         minimum = min(
             minimum_peak(builder.chain(kept, recomputed, halves, m, separability)).peak_bytes
             for m in _micro_batch_counts(batch_size, halves is not None)
@@ -571,10 +633,13 @@ def _infeasible(
     batch_size: int,
     reserved_bytes: int,
 ) -> InfeasibleBudgetError:
-    minimum = min(
-        minimum_peak(builder.chain(kept, recomputed, halves, m, separability)).peak_bytes
-        for m in _micro_batch_counts(batch_size, halves is not None)
-    ) + reserved_bytes
+    minimum = (
+        min(
+            minimum_peak(builder.chain(kept, recomputed, halves, m, separability)).peak_bytes
+            for m in _micro_batch_counts(batch_size, halves is not None)
+        )
+        + reserved_bytes
+    )
     # Parameters, their gradients and the optimizer state do not shrink with the batch.
     fixed = 2 * kept.parameter_bytes + kept.optimizer_state_bytes
     per_sample = max(minimum - reserved_bytes - fixed, 1) / max(batch_size, 1)
@@ -597,7 +662,10 @@ def _infeasible(
 
 
 def _segment_plan(
-    segment: Segment, options: tuple[Option, ...], action: SegmentAction, reason: str,
+    segment: Segment,
+    options: tuple[Option, ...],
+    action: SegmentAction,
+    reason: str,
     recompute_s: float,
 ) -> SegmentPlan:
     keep, again = options[0], options[1]
@@ -657,4 +725,3 @@ def _reserve(budget_bytes: int, device: torch.device) -> tuple[int, int]:
     if device.type != "cuda":
         return 0, 0
     return DEFAULT_CUDA_CONTEXT_BYTES, int(budget_bytes * CUDA_HEADROOM_FRACTION)
-

@@ -32,6 +32,7 @@ import torch
 import torch.fx as fx
 from torch.utils.checkpoint import checkpoint
 
+from autockpt.memory import flat_tensors
 from autockpt.trace import COMPUTE_OPS, Segment
 
 
@@ -121,7 +122,9 @@ class SegmentRunner:
             pieces.append(self._checkpointed(*chunk_inputs))
         return tuple(
             torch.cat(list(parts), dim=dim)
-            for parts, dim in zip(zip(*pieces, strict=True), self.action.output_batch_dims, strict=True)
+            for parts, dim in zip(
+                zip(*pieces, strict=True), self.action.output_batch_dims, strict=True
+            )
         )
 
     def _contexts(self) -> tuple[contextlib.AbstractContextManager[None], Any]:
@@ -298,11 +301,7 @@ def collect_segment_grad_fns(
         for value in inputs
         if isinstance(value, torch.Tensor) and value.grad_fn is not None
     }
-    flat = outputs if isinstance(outputs, tuple) else (outputs,)
-    pending = []
-    for value in torch.utils._pytree.tree_flatten(flat)[0]:
-        if isinstance(value, torch.Tensor) and value.grad_fn is not None:
-            pending.append(value.grad_fn)
+    pending: list[Any] = [t.grad_fn for t in flat_tensors(outputs) if t.grad_fn is not None]
     seen: set[int] = set()
     while pending:
         grad_fn = pending.pop()

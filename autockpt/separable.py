@@ -139,7 +139,9 @@ def analyse_separability(
             chunkable.append(ok)
             input_dims.append(in_dims if ok else ())
             output_dims.append(tuple(d for d in out_dims if d is not None) if ok else ())
-        model_dims = tuple(_batch_dim(a, b) for a, b in zip(first_inputs, captures[1][1], strict=True))
+        model_dims = tuple(
+            _batch_dim(a, b) for a, b in zip(first_inputs, captures[1][1], strict=True)
+        )
         model_out_dims = [
             _batch_dim(a, b)
             for a, b in zip(flat_tensors(first_output), flat_tensors(second_output), strict=True)
@@ -148,7 +150,11 @@ def analyse_separability(
             all(d == 0 for d in model_dims)
             and all(d == 0 for d in model_out_dims)
             and _agrees_per_sample(
-                probe_model, tuple(first_inputs), first_output, model_dims, [0] * len(model_out_dims)
+                probe_model,
+                tuple(first_inputs),
+                first_output,
+                model_dims,
+                [0] * len(model_out_dims),
             )
         )
     reason = "" if micro_batchable else "some operation mixes samples (e.g. BatchNorm in training)"

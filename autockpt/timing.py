@@ -32,17 +32,17 @@ class TimeModel:
     def seconds(self, *, flops: float, moved_bytes: float, num_ops: float) -> float:
         """Estimated seconds for ``num_ops`` ops doing ``flops`` and moving ``moved_bytes``."""
         return (
-            num_ops * self.op_overhead_s
-            + flops / self.flops_per_s
-            + moved_bytes / self.bytes_per_s
+            num_ops * self.op_overhead_s + flops / self.flops_per_s + moved_bytes / self.bytes_per_s
         )
 
 
 @functools.cache
 def calibrate(device_type: str = "cpu", device_index: int | None = None) -> TimeModel:
     """Measure the rates of a device once per process (NOTE [Time model])."""
-    device = torch.device(device_type, device_index) if device_index is not None else torch.device(
-        device_type
+    device = (
+        torch.device(device_type, device_index)
+        if device_index is not None
+        else torch.device(device_type)
     )
     with torch.no_grad():
         size = 384 if device.type == "cpu" else 4096

@@ -144,10 +144,13 @@ def trace_graph(model: torch.nn.Module) -> fx.Graph:
             return tracer.trace(model)
         except Exception as error:  # fx raises many types; all mean "not traceable here"
             failing_path = next(reversed(tracer.module_stack), "") if tracer.module_stack else ""
-            if failing_path and failing_path not in opaque_paths:
-                if len(opaque_paths) < MAX_OPAQUE_MODULES:
-                    opaque_paths.add(failing_path)
-                    continue
+            if (
+                failing_path
+                and failing_path not in opaque_paths
+                and len(opaque_paths) < MAX_OPAQUE_MODULES
+            ):
+                opaque_paths.add(failing_path)
+                continue
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise TraceError(
                 f"torch.fx cannot trace {type(model).__name__}: {reason}; wrap "
@@ -243,9 +246,7 @@ def _build_segments(
                 if arg not in member_set and arg.op != "get_attr" and arg.name not in inputs:
                     inputs.append(arg.name)
         last_order = order[members[-1]]
-        outputs = [
-            n.name for n in members if any(order[user] > last_order for user in n.users)
-        ]
+        outputs = [n.name for n in members if any(order[user] > last_order for user in n.users)]
         shared, paths = _module_paths(members)
         base = shared or (paths[0] if paths else members[0].name)
         names_used[base] += 1

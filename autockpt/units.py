@@ -86,7 +86,9 @@ def parse_budget(value: str | int, *, device: torch.device | str | None = None) 
     if isinstance(value, int):
         if value <= 0:
             raise BudgetError(f"budget {value} bytes must be positive; write it like 4GB or 3.5GiB")
-        return Budget(bytes=value, text=str(value), reading=f"{value:,} bytes ({format_bytes(value)})")
+        return Budget(
+            bytes=value, text=str(value), reading=f"{value:,} bytes ({format_bytes(value)})"
+        )
     text = value.strip()
     if not text:
         raise BudgetError("budget is empty; write it like 4GB, 3.5GiB, 800MB or auto")

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import autockpt
+from autockpt.verify import verify_plan
 from tests.helpers import BatchNormNet, MLPStack, OneHugeOp, TinyTransformer, tracked_step
 
 BUDGET_FRACTIONS = (0.95, 0.8)
@@ -27,7 +28,9 @@ MODELS = {"mlp": _mlp, "transformer": _transformer}
 
 
 def _unplanned_peak(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> int:
-    return autockpt.plan(model, inputs, 10**12, use_gradient_checkpointing=False).predicted_peak_bytes
+    return autockpt.plan(
+        model, inputs, 10**12, use_gradient_checkpointing=False
+    ).predicted_peak_bytes
 
 
 def _assert_same_gradients(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
@@ -45,9 +48,7 @@ def test_plain_recompute_keeps_loss_and_every_gradient_with_dropout_on(name, mod
         plan = autockpt.plan(model, inputs, 10**12, use_gradient_checkpointing=mode == "all")
     else:
         budget = int(_unplanned_peak(model, inputs) * mode)
-        plan = autockpt.plan(
-            model, inputs, budget, allow_chunks=False, allow_micro_batches=False
-        )
+        plan = autockpt.plan(model, inputs, budget, allow_chunks=False, allow_micro_batches=False)
     _, got_loss, got = tracked_step(model, inputs, plan, seed=3)
     torch.testing.assert_close(got_loss, want_loss)
     _assert_same_gradients(got, want)
@@ -200,3 +201,17 @@ def test_apply_refuses_a_plan_made_for_another_model():
     plan = autockpt.plan(model, inputs, 10**12)
     with pytest.raises(autockpt.PlanMismatchError):
         autockpt.apply(MLPStack(128, 3), plan)
+
+
+def test_verify_runs_a_real_step_and_leaves_the_model_as_it_was():
+    model, inputs = _mlp()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    budget = int(_unplanned_peak(model, inputs) * 0.8)
+    plan = autockpt.plan(model, inputs, budget, verify=True, allow_micro_batches=False)
+    assert any(note.startswith("verified") for note in plan.notes)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    assert all(p.grad is None for p in model.parameters())
+    check = verify_plan(model, plan, inputs)
+    assert check.within_budget
+    assert abs(check.relative_error) < 0.03
