@@ -47,17 +47,31 @@ def _add_model_options(parser: argparse.ArgumentParser, *, data: bool = True) ->
             "data", nargs="?", type=Path, help="Parquet file of bars (default: the bundled sample)"
         )
     group = parser.add_argument_group("model and budget")
-    group.add_argument("--config", type=Path, help="TOML file of settings (keys as in TrainConfig)")
-    group.add_argument("--preset", help="model size: tiny, small (default) or tft-225")
-    group.add_argument("--vram-budget", help=_BUDGET_HELP)
-    group.add_argument("--batch-size", type=int, help="windows per step (default: the preset's)")
-    group.add_argument("--device", help="cpu, cuda or auto (default: auto)")
     group.add_argument(
-        "--precision", help="fp32, bf16 or fp16 (default: bf16/fp16 on a GPU, fp32 on the CPU)"
+        "--config", type=Path, metavar="FILE", help="TOML file of settings (keys as in TrainConfig)"
     )
-    group.add_argument("--seed", type=int, help="random seed (default: 0)")
-    group.add_argument("--encoder-length", type=int, help="bars of history (default: preset's)")
-    group.add_argument("--horizon", type=int, help="bars to forecast (default: preset's)")
+    group.add_argument(
+        "--preset", metavar="NAME", help="model size: tiny, small (default) or tft-225"
+    )
+    group.add_argument("--vram-budget", metavar="SIZE", help=_BUDGET_HELP)
+    group.add_argument(
+        "--batch-size", type=int, metavar="N", help="windows per step (default: the preset's)"
+    )
+    group.add_argument(
+        "--device", metavar="cpu|cuda|auto", help="cpu, cuda or auto (default: auto)"
+    )
+    group.add_argument(
+        "--precision",
+        metavar="fp32|bf16|fp16",
+        help="fp32, bf16 or fp16 (default: bf16/fp16 on a GPU, fp32 on the CPU)",
+    )
+    group.add_argument("--seed", type=int, metavar="N", help="random seed (default: 0)")
+    group.add_argument(
+        "--encoder-length", type=int, metavar="N", help="bars of history (default: preset's)"
+    )
+    group.add_argument(
+        "--horizon", type=int, metavar="N", help="bars to forecast (default: preset's)"
+    )
     checkpointing = group.add_mutually_exclusive_group()
     checkpointing.add_argument(
         "--use-gradient-checkpointing",
@@ -74,28 +88,47 @@ def _add_model_options(parser: argparse.ArgumentParser, *, data: bool = True) ->
         help="recompute nothing (neither flag: the planner decides)",
     )
     roles = parser.add_argument_group("data columns")
-    roles.add_argument("--target", help="column to forecast (default: close)")
+    roles.add_argument("--target", metavar="COLUMN", help="column to forecast (default: close)")
     roles.add_argument(
-        "--target-transform", help="log_return (default), diff, or none (the level itself)"
+        "--target-transform",
+        metavar="KIND",
+        help="log_return (default), diff, or none (the level itself)",
     )
-    roles.add_argument("--symbol-column", help="instrument column (default: symbol, if present)")
-    roles.add_argument("--timestamp-column", help="bar time column (default: timestamp)")
+    roles.add_argument(
+        "--symbol-column", metavar="COLUMN", help="instrument column (default: symbol, if present)"
+    )
+    roles.add_argument(
+        "--timestamp-column", metavar="COLUMN", help="bar time column (default: timestamp)"
+    )
     roles.add_argument(
         "--known-columns",
         type=_comma_list,
+        metavar="A,B",
         help="comma-separated columns known in advance, e.g. holiday,roll_day",
     )
-    parser.add_argument("--quiet", action="store_const", const=True, help="JSON lines, no bars")
+    parser.add_argument(
+        "--quiet",
+        action="store_const",
+        const=True,
+        help="print JSON lines instead of tables and bars",
+    )
 
 
 def _add_training_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training")
-    group.add_argument("--epochs", type=int, help="passes over the data (default: 10)")
-    group.add_argument("--lr", type=float, help="peak learning rate (default: 0.001)")
+    group.add_argument("--epochs", type=int, metavar="N", help="passes over the data (default: 10)")
     group.add_argument(
-        "--max-steps-per-epoch", type=int, help="cap on steps (and validation batches) per epoch"
+        "--lr", type=float, metavar="RATE", help="peak learning rate (default: 0.001)"
     )
-    group.add_argument("--out", type=Path, help="run folder to create (default: runs/PRESET-TIME)")
+    group.add_argument(
+        "--max-steps-per-epoch",
+        type=int,
+        metavar="N",
+        help="cap on steps (and validation batches) per epoch",
+    )
+    group.add_argument(
+        "--out", type=Path, metavar="DIR", help="run folder to create (default: runs/PRESET-TIME)"
+    )
 
 
 def _comma_list(text: str) -> tuple[str, ...]:
@@ -141,7 +174,7 @@ def _load_config(args: argparse.Namespace, **extra: Any) -> TrainConfig:
 # ---------------------------------------------------------------------------- printing plans
 
 
-def _bar(fraction: float, width: int = 24) -> str:
+def _bar(fraction: float, width: int = 12) -> str:
     filled = max(0, min(width, round(fraction * width)))
     return "█" * filled + "·" * (width - filled)
 
@@ -151,11 +184,11 @@ def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
     largest = max((s.saved_bytes for s in plan.segments), default=1) or 1
     table = Table(title=f"memory plan ({plan.strategy}, batch {plan.batch_size}, {plan.device})")
     table.add_column("#", justify="right")
-    table.add_column("segment")
-    table.add_column("activations", justify="right")
-    table.add_column("")
+    table.add_column("segment", overflow="fold", min_width=20)
+    table.add_column("activations", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
     table.add_column("plan")
-    table.add_column("recompute", justify="right")
+    table.add_column("recompute", justify="right", no_wrap=True)
     for index, segment in enumerate(plan.segments):
         if not segment.recomputed:
             action = "[green]kept[/green]"
@@ -226,7 +259,8 @@ def _check_plot_available(path: Path | None) -> None:
 
 
 def plot_plan(plan: Plan, path: Path, *, budget_given: bool) -> None:
-    """Per-segment activation memory (bars, recomputed ones hatched) and the budget line."""
+    """Left: activation memory per segment, recomputed ones hatched. Right: the predicted peak
+    by part next to the peak with nothing recomputed, and the budget line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -237,27 +271,32 @@ def plot_plan(plan: Plan, path: Path, *, budget_given: bool) -> None:
     mib = 2**20
     names = [f"{i}: {s.name}" for i, s in enumerate(plan.segments)]
     figure, (left, right) = plt.subplots(
-        1, 2, figsize=(12, max(3.0, 0.3 * len(names) + 1.5)), width_ratios=[3, 1]
+        1, 2, figsize=(13, max(3.5, 0.3 * len(names) + 1.5)), width_ratios=[3, 2]
     )
     kept = [s.saved_bytes / mib if not s.recomputed else 0 for s in plan.segments]
     dropped = [s.saved_bytes / mib if s.recomputed else 0 for s in plan.segments]
     left.barh(names, kept, color="tab:green", label="kept for backward")
     left.barh(names, dropped, color="tab:orange", hatch="//", label="recomputed in backward")
     left.invert_yaxis()
-    left.set_xlabel("activation memory (MiB)")
+    left.set_xlabel("activations (MiB)")
+    left.set_title("activation memory per segment")
     left.legend(loc="lower right")
-    breakdown = plan.breakdown.model_dump()
+
+    right.bar(["nothing\nrecomputed"], [plan.unplanned_peak_bytes / mib], color="tab:gray")
     bottom = 0.0
-    for name, size in breakdown.items():
+    for name, size in plan.breakdown.model_dump().items():
         if size:
-            right.bar(
-                ["predicted peak"], [size / mib], bottom=bottom, label=name.removesuffix("_bytes")
-            )
+            label = name.removesuffix("_bytes").replace("_", " ")
+            right.bar(["this plan"], [size / mib], bottom=bottom, label=label)
             bottom += size / mib
+    top = max(plan.unplanned_peak_bytes, plan.predicted_peak_bytes)
     if budget_given:
         right.axhline(plan.budget_bytes / mib, color="red", linestyle="--", label="budget")
+        top = max(top, plan.budget_bytes)
+    right.set_ylim(0, 1.1 * top / mib)
     right.set_ylabel("MiB")
-    right.legend(fontsize="small")
+    right.set_title("predicted peak of one step")
+    right.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     figure.tight_layout()
     write_atomic(path, lambda temporary: figure.savefig(temporary, format="png", dpi=120))
     plt.close(figure)
@@ -287,15 +326,20 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     _check_plot_available(args.plot)
     config = _load_config(args)
     setup = prepare(config)
-    for note in setup.notes:
-        console.print(f"[dim]{note}[/dim]")
-    print_plan(console, setup.plan, budget_given=setup.budget is not None)
+    if config.quiet:
+        print(setup.plan.model_dump_json())
+    else:
+        for note in setup.notes:
+            console.print(f"[dim]{note}[/dim]")
+        print_plan(console, setup.plan, budget_given=setup.budget is not None)
     if args.json is not None:
         write_text_atomic(args.json, setup.plan.model_dump_json(indent=2))
-        console.print(f"wrote the plan to {args.json}")
     if args.plot is not None:
         plot_plan(setup.plan, args.plot, budget_given=setup.budget is not None)
-        console.print(f"wrote the memory picture to {args.plot}")
+    if not config.quiet:
+        for written in (args.json, args.plot):
+            if written is not None:
+                console.print(f"wrote {written}")
     return 0
 
 
@@ -450,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_model_options(train)
     _add_training_options(train)
-    train.add_argument("--resume", type=Path, help="continue the run in this folder")
+    train.add_argument("--resume", type=Path, metavar="DIR", help="continue the run in this folder")
 
     demo = command(
         "demo",

@@ -38,7 +38,7 @@ class TrainConfig(BaseModel):
     data: Path | None = None
     """Parquet file of bars; unset means the bundled sample examples/data/sample.parquet."""
     preset: str = "small"
-    """model size: tiny, small or tft-225 (tiny runs on a laptop CPU in seconds)."""
+    """model size, one of tiny, small, tft-225; tiny trains on a laptop CPU in seconds."""
     epochs: int = 10
     """passes over the training windows, a whole number >= 1 (early stopping may end sooner)."""
     batch_size: int | None = None
@@ -129,7 +129,7 @@ class TrainConfig(BaseModel):
         from tft.config import PRESET_NAMES
 
         if value not in PRESET_NAMES:
-            raise ValueError(f"is not a preset (choose one of {', '.join(PRESET_NAMES)})")
+            raise ValueError("is not a preset")
         return value
 
     @field_validator("vram_budget")

@@ -252,6 +252,7 @@ def profile_step(
     num_micro_batches: int = 1,
     size_oracle: RealSizeOracle | None = None,
     run_optimizer: bool = True,
+    autocast_dtype: torch.dtype | None = None,
 ) -> StepProfile:
     """Measure one training step of the traced model planned with ``actions``, on fake tensors.
 
@@ -266,6 +267,7 @@ def profile_step(
         size_oracle: sizes ops whose fake kernels under-report.
         run_optimizer: run the optimizer step too. Its peak does not depend on the plan, and
             simulating it can be a third of the work, so the planner runs it once.
+        autocast_dtype: run forward and loss under ``torch.autocast`` with this dtype.
 
     Returns:
         The step's profile (NOTE [Step accounting]); with micro-batches, of one piece.
@@ -304,12 +306,18 @@ def profile_step(
                         tracker.register(parameter.grad)
                 tracker.reset_peak()
                 profile.start_bytes = tracker.current_bytes
-            recorder.phase = "forward"
-            output = planned(*piece)
-            recorder.forward_finished()
-            recorder.phase = "loss"
-            loss = loss_fn(output)
-            del output
+            device_type = next(
+                (x.device.type for x in inputs if isinstance(x, torch.Tensor)), "cpu"
+            )
+            with torch.autocast(
+                device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None
+            ):
+                recorder.phase = "forward"
+                output = planned(*piece)
+                recorder.forward_finished()
+                recorder.phase = "loss"
+                loss = loss_fn(output)
+                del output
             recorder.phase = "backward"
             loss.backward()
             del loss

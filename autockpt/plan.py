@@ -138,7 +138,9 @@ class Plan(BaseModel):
     unplanned_peak_bytes: int
     """The same for the step with nothing recomputed, in one piece."""
     minimum_feasible_bytes: int
-    """The smallest budget the planner's model says any plan meets (an estimate)."""
+    """The smallest budget the options examined meet, by the planner's model (an estimate).
+    Chunks and micro-batches are only examined when plain recompute cannot fit, so above that
+    this is the minimum of plain recompute; an infeasible budget examines everything."""
     predicted_extra_s: float
     """Estimated seconds the plan adds to a step."""
     unplanned_step_s: float
@@ -156,7 +158,7 @@ class Plan(BaseModel):
 def plan(
     model: torch.nn.Module,
     example_inputs: Sequence[torch.Tensor],
-    budget: str | int = "auto",
+    budget: str | int | Budget = "auto",
     *,
     loss_fn: LossFn | None = None,
     optimizer: OptimizerSpec = "adamw",
@@ -165,6 +167,7 @@ def plan(
     allow_micro_batches: bool = True,
     allow_chunks: bool = True,
     verify: bool | None = None,
+    autocast_dtype: torch.dtype | None = None,
 ) -> Plan:
     """Plan a training step of ``model`` that fits ``budget`` (NOTE [Planning]).
 
@@ -174,7 +177,8 @@ def plan(
     Args:
         model: any ``nn.Module`` torch.fx can trace.
         example_inputs: a tuple of positional inputs at the training batch size.
-        budget: bytes as an ``int``, or ``"4GB"``, ``"3.5GiB"``, ``"800MB"``, ``"auto"``.
+        budget: bytes as an ``int``, or ``"4GB"``, ``"3.5GiB"``, ``"800MB"``, ``"auto"``, or a
+            :class:`~autockpt.units.Budget` already read.
         loss_fn: ``loss_fn(output) -> scalar``; default: the sum of the outputs.
         optimizer: ``"adamw"``, ``"sgd"``, ``None`` or an optimizer instance, to count its state.
         device: where training will run; default: where the model's parameters are.
@@ -192,6 +196,8 @@ def plan(
             ``MAX_VERIFY_ROUNDS`` times). Default: on CUDA only (on the CPU the prediction is
             measured with the very kernels the step runs). Needs the model and inputs on the
             device.
+        autocast_dtype: the mixed-precision dtype training runs at (``torch.bfloat16``,
+            ``torch.float16``): the step is measured under ``torch.autocast`` with it.
 
     Returns:
         The plan: which segments recompute (and in how many chunks), how many micro-batches,
@@ -226,6 +232,7 @@ def plan(
                 use_gradient_checkpointing=use_gradient_checkpointing,
                 allow_micro_batches=allow_micro_batches,
                 allow_chunks=allow_chunks,
+                autocast_dtype=autocast_dtype,
             )
         result = result.model_copy(
             update={
@@ -271,6 +278,7 @@ def _plan(
     use_gradient_checkpointing: bool | None,
     allow_micro_batches: bool,
     allow_chunks: bool,
+    autocast_dtype: torch.dtype | None,
 ) -> Plan:
     started = time.perf_counter()
     resolved_device = device
@@ -291,6 +299,7 @@ def _plan(
         [SegmentAction()] * num_segments,
         loss_fn=loss_fn,
         size_oracle=oracle,
+        autocast_dtype=autocast_dtype,
     )
 
     def measure(actions: Sequence[SegmentAction], num_micro_batches: int = 1) -> StepProfile:
@@ -304,6 +313,7 @@ def _plan(
             num_micro_batches=num_micro_batches,
             size_oracle=oracle,
             run_optimizer=False,
+            autocast_dtype=autocast_dtype,
         )
         optimizer_peak = kept.phase_peak_bytes["optimizer"]
         profile.phase_peak_bytes["optimizer"] = optimizer_peak

@@ -165,10 +165,15 @@ def prepare(config: TrainConfig, *, normalizer: Normalizer | None = None) -> Set
         horizon=data.horizon,
         batch_size=config.batch_size or preset.batch_size,
     )
+    if len(data.train) < model_config.batch_size:
+        raise DataError(
+            f"{data_path}: {len(data.train)} training windows are fewer than the batch size "
+            f"{model_config.batch_size}; lower --batch-size or use a longer file"
+        )
     seed_everything(config.seed)
     model = TemporalFusionTransformer(model_config).to(device)
     loss_fn = QuantileLoss(model_config.quantiles)
-    example = data.train.batch(np.arange(min(model_config.batch_size, len(data.train))))
+    example = data.train.batch(np.arange(model_config.batch_size))
     example_inputs = tuple(t.to(device) for t in example.inputs())
     plan = make_plan(
         model,

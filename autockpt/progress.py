@@ -20,7 +20,6 @@ from rich.progress import (
     TaskID,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 from rich.table import Table
 
@@ -46,6 +45,13 @@ def memory_text(peak_bytes: int | None, budget_bytes: int | None) -> str:
     if budget_bytes is None:
         return format_bytes(peak_bytes)
     return f"{format_bytes(peak_bytes)} / {format_bytes(budget_bytes)} ({peak_bytes / budget_bytes:.0%})"
+
+
+def _share_text(peak_bytes: int, budget_bytes: int | None) -> str:
+    """Short form for the progress bar: ``"52% of budget"``, or the size without one."""
+    if budget_bytes is None:
+        return format_bytes(peak_bytes)
+    return f"{peak_bytes / budget_bytes:.0%} of budget"
 
 
 class JsonLinesReporter:
@@ -88,10 +94,9 @@ class RichReporter:
         self._console = console
         self._progress = Progress(
             TextColumn("{task.description}"),
-            BarColumn(),
+            BarColumn(bar_width=20),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            TimeRemainingColumn(),
             TextColumn("{task.fields[info]}"),
             console=console,
             transient=False,
@@ -112,7 +117,7 @@ class RichReporter:
         assert self._steps is not None, "start() comes first"
         info = (
             f"loss {record['loss']:.4f}  {record['samples_per_s']:,.0f} samples/s  "
-            f"peak {memory_text(record.get('peak_bytes'), record.get('budget_bytes'))}"
+            f"peak {_share_text(record['peak_bytes'], record['budget_bytes'])}"
         )
         if record["step_in_epoch"] == 1:
             self._progress.reset(self._steps, total=self._steps_per_epoch)

@@ -34,7 +34,7 @@ import torch
 
 from autockpt.config import TrainConfig, load_train_config
 from autockpt.errors import DataError, RunError
-from autockpt.prepare import Setup, default_run_dir, prepare
+from autockpt.prepare import Setup, column_roles, default_run_dir, prepare
 from tft.data import Normalizer
 
 CONFIG_FILE = "config.json"
@@ -288,7 +288,9 @@ def start_run(config: TrainConfig) -> tuple[Setup, RunFolder]:
     RunFolder.check_new(out)
     setup = prepare(config)
     run = RunFolder.create(out)
-    run.write_config(setup.config.model_copy(update={"out": out}).model_dump(mode="json"))
+    # The data path is stored absolute so that --resume works from any folder.
+    resolved = setup.config.model_copy(update={"out": out, "data": setup.data_path.resolve()})
+    run.write_config(resolved.model_dump(mode="json"))
     run.write_plan(setup.plan.model_dump_json(indent=2))
     return setup, run
 
@@ -298,8 +300,8 @@ def resume_run(
 ) -> tuple[Setup, RunFolder, dict[str, Any]]:
     """Open a run to continue it, with a TOML file and ``overrides`` on its saved config.
 
-    Settings that change the model or its data (preset, column roles, lengths, batch size)
-    must stay as they were; the rest (epochs, device, budget, ...) may change.
+    Settings that change the model or its data (preset, column roles, window lengths, batch
+    size) must stay as they were; the rest (epochs, device, budget, ...) may change.
 
     Raises:
         RunError: the folder is missing, damaged or incompatible with the overrides or data.
@@ -316,21 +318,10 @@ def resume_run(
     config = load_train_config(
         toml_path, {**overrides, "out": run.path}, base=saved_config.model_dump()
     )
-    fixed = (
-        "preset",
-        "target",
-        "target_transform",
-        "symbol_column",
-        "timestamp_column",
-        "known_columns",
-        "encoder_length",
-        "horizon",
-        "batch_size",
-    )
     check_compatible(
         run.path,
-        {key: getattr(saved_config, key) for key in fixed},
-        {key: getattr(config, key) for key in fixed},
+        {"preset": saved_config.preset, **column_roles(saved_config).model_dump()},
+        {"preset": config.preset, **column_roles(config).model_dump()},
         what="config",
     )
     checkpoint = run.load_checkpoint(LAST_FILE)
@@ -340,7 +331,7 @@ def resume_run(
         raise RunError(f"cannot resume {run.path} on this data: {error}") from None
     check_compatible(
         run.path,
-        checkpoint["model_config"],
+        checkpoint.get("model_config", {}),
         setup.model_config.model_dump(mode="json"),
         what="model",
     )

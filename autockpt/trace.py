@@ -11,7 +11,7 @@ them are (B, T, V, 8) and the weighted sum that leaves is (B, T, H).
 
 The cuts are chosen by a small dynamic program over the node order that minimises
 
-    sum(bytes crossing each cut) + sum(segment bytes ** 2) / total bytes
+    CROSSING_WEIGHT * sum(bytes crossing each cut) + sum(segment bytes ** 2) / total bytes
 
 The first term is what recomputed segments must keep (their boundaries); the second stands in
 for the largest interior that backward rebuilds at once (it falls as segments get smaller, and
@@ -45,6 +45,11 @@ LEAF_MODULE_TYPES: tuple[type[torch.nn.Module], ...] = (
     torch.nn.MultiheadAttention,
 )
 
+#: How much a byte crossing a cut counts against a byte of interior (NOTE [Cut points]): a
+#: recomputed segment keeps its boundary through forward and backward, and backward adds the
+#: boundary's gradient, while a cut only shortens what one recompute rebuilds.
+CROSSING_WEIGHT = 3.0
+
 COMPUTE_OPS = frozenset({"call_function", "call_method", "call_module"})
 
 
@@ -77,11 +82,13 @@ class TracedModel:
         graph_module: the traced module; shares parameters with the original model.
         segments: the chain, in execution order.
         node_output_bytes: bytes of new storage each compute node's output takes (views: 0).
+        storage_owner: for a node whose output is a view, the node that allocated its storage.
     """
 
     graph_module: fx.GraphModule
     segments: tuple[Segment, ...]
     node_output_bytes: dict[str, int]
+    storage_owner: dict[str, str]
 
 
 #: How many submodules that do not trace may be kept whole before the model counts as untraceable.
@@ -122,13 +129,18 @@ def trace_model(
     """
     graph = trace_graph(model)
     graph_module = fx.GraphModule(model, graph, class_name=f"Traced{type(model).__name__}")
-    node_bytes = node_output_bytes(graph_module, example_inputs)
+    node_bytes, owners = node_output_bytes(graph_module, example_inputs)
     compute_nodes = [n for n in graph.nodes if n.op in COMPUTE_OPS]
     if not compute_nodes:
         raise TraceError(f"{type(model).__name__} has no operations to plan")
-    bounds = _choose_cuts(graph, compute_nodes, node_bytes, target_num_segments)
+    bounds = _choose_cuts(compute_nodes, node_bytes, owners, target_num_segments)
     segments = _build_segments(graph, compute_nodes, bounds)
-    return TracedModel(graph_module=graph_module, segments=segments, node_output_bytes=node_bytes)
+    return TracedModel(
+        graph_module=graph_module,
+        segments=segments,
+        node_output_bytes=node_bytes,
+        storage_owner=owners,
+    )
 
 
 def trace_graph(model: torch.nn.Module) -> fx.Graph:
@@ -160,52 +172,62 @@ def trace_graph(model: torch.nn.Module) -> fx.Graph:
 
 def node_output_bytes(
     graph_module: fx.GraphModule, example_inputs: Sequence[torch.Tensor]
-) -> dict[str, int]:
-    """New storage bytes of each node's output, from a forward pass on fake tensors."""
-    sizes: dict[str, int] = {}
-    # Storages are kept alive for the whole pass so that their ids are never reused.
-    seen: dict[int, object] = {}
+) -> tuple[dict[str, int], dict[str, str]]:
+    """New storage bytes of each node's output, and for views the node owning their storage.
+
+    Measured by a forward pass on fake tensors.
+    """
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        interpreter = _SizeInterpreter(fake_copy(graph_module, mode), sizes, seen)
+        interpreter = _SizeInterpreter(fake_copy(graph_module, mode))
         interpreter.run(*[mode.from_tensor(x) for x in example_inputs])
-    return sizes
+    return interpreter.sizes, interpreter.owners
 
 
 class _SizeInterpreter(fx.Interpreter):
-    def __init__(
-        self, module: fx.GraphModule, sizes: dict[str, int], seen: dict[int, object]
-    ) -> None:
+    def __init__(self, module: fx.GraphModule) -> None:
         super().__init__(module, garbage_collect_values=True)
-        self._sizes = sizes
-        self._seen = seen
+        self.sizes: dict[str, int] = {}
+        self.owners: dict[str, str] = {}
+        # Storages stay referenced for the whole pass so that their ids are never reused.
+        self._seen: dict[int, tuple[object, str]] = {}
 
     def run_node(self, n: fx.Node) -> object:
         result = super().run_node(n)
         total = 0
         for storage in storages(result):
-            if id(storage) not in self._seen:
-                self._seen[id(storage)] = storage
+            if id(storage) in self._seen:
+                self.owners.setdefault(n.name, self._seen[id(storage)][1])
+            else:
+                self._seen[id(storage)] = (storage, n.name)
                 total += storage.nbytes()
-        self._sizes[n.name] = total
+        self.sizes[n.name] = total
         return result
 
 
 def _choose_cuts(
-    graph: fx.Graph,
     compute_nodes: list[fx.Node],
     node_bytes: dict[str, int],
+    owners: dict[str, str],
     target_num_segments: int,
 ) -> list[int]:
     """Segment start positions (plus the end) chosen by the DP of NOTE [Cut points]."""
     count = len(compute_nodes)
     position = {node: i for i, node in enumerate(compute_nodes)}
     weights = np.array([node_bytes.get(n.name, 0) for n in compute_nodes], dtype=np.float64)
+    # A storage lives until the last use of the node that made it or of any view of it.
+    last_use = {
+        node.name: max((position.get(user, count) for user in node.users), default=position[node])
+        for node in compute_nodes
+    }
+    for view, owner in owners.items():
+        if owner in last_use and view in last_use:
+            last_use[owner] = max(last_use[owner], last_use[view])
     # crossing[p]: bytes produced before position p and read at or after it.
     delta = np.zeros(count + 1, dtype=np.float64)
     for node in compute_nodes:
-        last = max((position.get(user, count) for user in node.users), default=position[node])
+        last = last_use[node.name]
         start = position[node] + 1
         if last >= start:
             delta[start] += weights[position[node]]
@@ -221,7 +243,7 @@ def _choose_cuts(
     previous = np.zeros(count + 1, dtype=np.int64)
     for end in range(1, count + 1):
         size = prefix[end] - prefix[:end]
-        cost = best[:end] + size * size / total + crossing[end] + per_segment
+        cost = best[:end] + size * size / total + CROSSING_WEIGHT * crossing[end] + per_segment
         start = int(np.argmin(cost))
         best[end] = cost[start]
         previous[end] = start

@@ -38,7 +38,7 @@ import torch
 
 import autockpt
 from autockpt.config import TrainConfig
-from autockpt.errors import DataError, DeviceError
+from autockpt.errors import DeviceError
 from autockpt.memory import MemoryTracker, tensors_of
 from autockpt.prepare import Setup, autocast, make_plan, seed_everything
 from autockpt.progress import Reporter
@@ -153,11 +153,7 @@ class Trainer:
             self.model.parameters(), lr=self.config.lr, weight_decay=self.config.weight_decay
         )
         num_batches = len(setup.data.train) // setup.batch_size
-        if num_batches == 0:
-            raise DataError(
-                f"{setup.data_path}: {len(setup.data.train)} training windows are fewer than "
-                f"batch size {setup.batch_size}; lower --batch-size or use a longer file"
-            )
+        assert num_batches > 0, "prepare() checks there is a full batch"
         self.steps_per_epoch = min(num_batches, self.config.max_steps_per_epoch or num_batches)
         factor = learning_rate_factor(self.config, self.steps_per_epoch * self.config.epochs)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
@@ -165,6 +161,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(setup.device.type) if use_scaler else None
         self.state = RunState()
         self.pending: list[dict[str, Any]] = []
+        """Records of the epoch in progress, written to metrics.jsonl when it ends."""
+        self.gave_up_replanning = False
 
     # -------------------------------------------------------------- saving and resuming
 
@@ -211,7 +209,7 @@ class Trainer:
         )
         tightened = self.state.planning_budget_bytes
         if tightened is not None and tightened < self.plan.budget_bytes:
-            self.replan(tightened, reason="resuming at the run's tightened budget")
+            self.use_plan_for(tightened)
         restore_rng_state(checkpoint["rng"])
 
     # -------------------------------------------------------------- the run
@@ -304,6 +302,7 @@ class Trainer:
             "peak_bytes": epoch_peak,
             "budget_bytes": self.budget_bytes,
             "predicted_peak_bytes": self.plan.predicted_peak_bytes,
+            "val_windows": evaluation.num_windows if evaluation else 0,
             "epoch_s": epoch_s,
         }
         if improved:
@@ -315,23 +314,40 @@ class Trainer:
 
     def step(self, inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> tuple[float, int]:
         """One optimizer step; returns (loss, peak bytes by NOTE [Enforcing the budget])."""
-        for attempt in range(MAX_REPLANS + 1):
+        with self.memory_measure(inputs, target) as measure:
+            loss = self.forward_backward_with_retries(inputs, target)
+            self.optimizer_step()
+        return loss, measure.peak_bytes
+
+    def forward_backward_with_retries(
+        self, inputs: tuple[torch.Tensor, ...], target: torch.Tensor
+    ) -> float:
+        """Forward and backward; on a CUDA out-of-memory, re-plan tighter and try again.
+
+        Only forward and backward are retried: they change nothing but the gradients, which
+        are dropped before the retry. The optimizer step runs once, after them.
+        """
+        while True:
             try:
-                with self.memory_measure(inputs, target) as measure:
-                    loss = self.forward_backward(inputs, target)
-                    self.optimizer_step()
-                return loss, measure.peak_bytes
+                return self.forward_backward(inputs, target)
             except torch.OutOfMemoryError:
-                if self.setup.device.type != "cuda" or attempt == MAX_REPLANS:
+                if self.setup.device.type != "cuda":
                     raise
                 self.optimizer.zero_grad(set_to_none=True)
                 gc.collect()
                 torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(self.setup.device)
+                step = self.state.global_step + 1
+                if self.state.num_replans >= MAX_REPLANS:
+                    raise DeviceError(
+                        f"CUDA ran out of memory at step {step} after {MAX_REPLANS} re-plans; "
+                        f"lower --vram-budget or --batch-size, then continue the run with "
+                        f"--resume {self.run.path}"
+                    ) from None
                 self.replan(
                     int(self.planning_budget_bytes * REPLAN_FRACTION),
-                    reason=f"CUDA ran out of memory at step {self.state.global_step + 1}",
+                    reason=f"CUDA ran out of memory at step {step}",
                 )
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def forward_backward(self, inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> float:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.setup.loss_fn
@@ -399,10 +415,13 @@ class Trainer:
         if budget is None or peak_bytes <= budget or self.setup.device.type == "cuda":
             return
         if self.state.num_replans >= MAX_REPLANS:
-            self.event(
-                f"step {self.state.global_step} peaked at {format_bytes(peak_bytes)}, over the "
-                f"budget {format_bytes(budget)}, after {MAX_REPLANS} re-plans; not re-planning again"
-            )
+            if not self.gave_up_replanning:
+                self.gave_up_replanning = True
+                self.event(
+                    f"step {self.state.global_step} peaked at {format_bytes(peak_bytes)}, over "
+                    f"the budget {format_bytes(budget)}, after {MAX_REPLANS} re-plans; "
+                    "not re-planning again"
+                )
             return
         self.replan(
             int(self.planning_budget_bytes * REPLAN_FRACTION),
@@ -413,19 +432,23 @@ class Trainer:
         )
 
     def replan(self, budget_bytes: int, *, reason: str) -> None:
-        """Plan again for ``budget_bytes`` and swap the planned model (same parameters)."""
+        """Plan again for ``budget_bytes``, swap the planned model and log why."""
+        self.use_plan_for(budget_bytes)
+        self.state.num_replans += 1
+        self.event(
+            f"{reason}: re-planned for {format_bytes(budget_bytes)} "
+            f"(predicted peak {format_bytes(self.plan.predicted_peak_bytes)}, "
+            f"{self.plan.num_recomputed} segments recomputed, "
+            f"{self.plan.num_micro_batches} micro-batches)"
+        )
+
+    def use_plan_for(self, budget_bytes: int) -> None:
+        """Plan for ``budget_bytes`` and train with that plan (same parameters, new wrapping)."""
         setup = self.setup
-        if self.state.num_replans >= MAX_REPLANS and reason.startswith("CUDA"):
-            raise DeviceError(
-                f"CUDA ran out of memory {MAX_REPLANS + 1} times at step "
-                f"{self.state.global_step + 1} despite re-planning; lower --vram-budget or "
-                f"--batch-size, then continue with --resume {self.run.path}"
-            )
-        budget = parse_budget(budget_bytes)
         self.plan = make_plan(
             self.model,
             setup.example_inputs,
-            budget,
+            parse_budget(budget_bytes),
             loss_fn=setup.loss_fn,
             device=setup.device,
             config=self.config,
@@ -433,14 +456,7 @@ class Trainer:
         )
         self.planned = autockpt.apply(self.model, self.plan)
         self.state.planning_budget_bytes = budget_bytes
-        self.state.num_replans += 1
         self.run.write_plan(self.plan.model_dump_json(indent=2))
-        self.event(
-            f"{reason}: re-planned for {format_bytes(budget_bytes)} "
-            f"(predicted peak {format_bytes(self.plan.predicted_peak_bytes)}, "
-            f"{self.plan.num_recomputed} segments recomputed, "
-            f"{self.plan.num_micro_batches} micro-batches)"
-        )
 
     def event(self, message: str) -> None:
         record = {"kind": "event", "step": self.state.global_step, "message": message}
