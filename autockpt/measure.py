@@ -20,6 +20,7 @@ the predicted peak is that measurement, not the solver's estimate.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -115,12 +116,21 @@ def make_optimizer(
     if spec is None or not trainable:
         return None
     if isinstance(spec, torch.optim.Optimizer):
-        return type(spec)(trainable, **spec.defaults)
+        return _same_kind(spec, trainable)
     if spec == "adamw":
         return torch.optim.AdamW(trainable, lr=1e-3)
     if spec == "sgd":
         return torch.optim.SGD(trainable, lr=1e-2, momentum=0.9)
     raise ValueError(f"optimizer {spec!r} is not one of 'adamw', 'sgd', None or an instance")
+
+
+def _same_kind(
+    optimizer: torch.optim.Optimizer, parameters: Sequence[torch.nn.Parameter]
+) -> torch.optim.Optimizer:
+    """An optimizer of ``optimizer``'s class and settings over other parameters."""
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    settings = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    return type(optimizer)(parameters, **settings)
 
 
 class _StepRecorder:
@@ -218,6 +228,7 @@ class FakeTrainingState:
             self.model = fake_copy(traced.graph_module, self.mode)
             self.parameters = list(self.model.parameters())
             self.optimizer = make_optimizer(optimizer, self.parameters)
+            self.step_extra_bytes = 0
             if self.optimizer is not None:
                 # Create the optimizer state as a previous step would have: with the foreach
                 # implementation where there is one (a few ops instead of a few per
@@ -234,6 +245,7 @@ class FakeTrainingState:
                     if "foreach" in group:
                         group["foreach"] = setting
                 self.optimizer.zero_grad(set_to_none=True)
+                self.step_extra_bytes = self._step_extra_bytes(settings)
         self.parameter_bytes = sum(p.untyped_storage().nbytes() for p in self.parameters)
         self.optimizer_state_bytes = sum(
             t.untyped_storage().nbytes()
@@ -241,6 +253,36 @@ class FakeTrainingState:
             for t in state.values()
             if isinstance(t, torch.Tensor)
         )
+
+    def _step_extra_bytes(self, foreach_settings: list[Any]) -> int:
+        """Bytes the optimizer step allocates on top of parameters, gradients and state.
+
+        NOTE [Optimizer step]: the per-parameter implementation (PyTorch's default on the
+        CPU) updates one parameter at a time and frees its temporaries before the next, so its
+        extra peak is that of the largest parameter alone: one small step is measured instead
+        of a few ops per parameter. The multi-tensor (foreach) implementation, the default on
+        CUDA, holds temporaries for all parameters at once, so all of them are measured.
+        """
+        trainable = [p for p in self.parameters if p.requires_grad]
+        if self.optimizer is None or not trainable:
+            return 0
+        on_cuda = all(p.device.type == "cuda" for p in trainable)
+        foreach = any(s is True or (s is None and on_cuda) for s in foreach_settings)
+        chosen = trainable if foreach else [max(trainable, key=lambda p: p.numel())]
+        probe = _same_kind(self.optimizer, chosen)
+        for parameter in chosen:
+            parameter.grad = torch.zeros_like(parameter)
+        probe.step()  # create its state
+        held = [*chosen, *(p.grad for p in chosen if p.grad is not None)]
+        held += [
+            t for st in probe.state.values() for t in st.values() if isinstance(t, torch.Tensor)
+        ]
+        with MemoryTracker(initial=held) as tracker:
+            before = tracker.current_bytes
+            probe.step()
+        for parameter in chosen:
+            parameter.grad = None
+        return max(tracker.peak_bytes - before, 0)
 
 
 def profile_step(
@@ -327,7 +369,10 @@ def profile_step(
             )
             recorder.phase = "optimizer"
             if run_optimizer and state.optimizer is not None:
-                state.optimizer.step()
+                # See NOTE [Optimizer step].
+                step_peak = tracker.current_bytes + state.step_extra_bytes
+                recorder.phase_peak["optimizer"] = step_peak
+                tracker.peak_bytes = max(tracker.peak_bytes, step_peak)
             for parameter in state.parameters:
                 parameter.grad = None
         profile.segments = recorder.segments
