@@ -42,8 +42,9 @@ _UNDER_REPORTED_OPS: frozenset[Any] = frozenset(
 class RealSizeOracle:
     """Sizes the outputs of under-reporting ops by running them for real on zeros.
 
-    Only shapes matter, so the op runs once per distinct input signature on the CPU (the LSTM's
-    inputs are small: ``(B, T, hidden)``) and the answer is cached.
+    Only shapes matter, so the op runs once per distinct input signature, on the device the
+    fake tensors stand for (cuDNN's reserve exists only on CUDA; the LSTM's inputs are small,
+    ``(B, T, hidden)``), and the answer is cached.
     """
 
     def __init__(self) -> None:
@@ -60,7 +61,7 @@ class RealSizeOracle:
     def _run_for_real(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int]:
         def real_zeros(value: Any) -> Any:
             if isinstance(value, torch.Tensor):
-                return torch.zeros(value.shape, dtype=value.dtype, device="cpu")
+                return torch.zeros(value.shape, dtype=value.dtype, device=value.device)
             return value
 
         from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -95,7 +96,8 @@ def flat_tensors(value: Any) -> list[torch.Tensor]:
 def _signature(values: tuple[Any, ...]) -> tuple[Any, ...]:
     flat, _ = tree_flatten(values)
     return tuple(
-        (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else repr(v) for v in flat
+        (tuple(v.shape), v.dtype, str(v.device)) if isinstance(v, torch.Tensor) else repr(v)
+        for v in flat
     )
 
 

@@ -25,7 +25,7 @@ import dataclasses
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -57,7 +57,8 @@ MAX_REPLANS = 4
 MAX_VERIFY_ROUNDS = 3
 #: What the CUDA context takes before any tensor (measured when a GPU is present).
 DEFAULT_CUDA_CONTEXT_BYTES = 512 * 2**20
-#: Share of a CUDA budget kept back for the caching allocator's rounding and fragmentation.
+#: What the caching allocator reserves beyond the tensors it holds (rounding, fragmentation),
+#: as a share of the tensor bytes.
 CUDA_HEADROOM_FRACTION = 0.10
 
 Strategy = Literal["auto", "checkpoint-all", "checkpoint-none"]
@@ -285,10 +286,15 @@ def _plan(
     read = budget
     batch_size = _batch_size(example_inputs)
     traced = trace_model(model, example_inputs)
-    oracle = RealSizeOracle() if resolved_device.type == "cpu" else None
+    oracle = RealSizeOracle()
     time_model = calibrate(resolved_device.type, resolved_device.index)
-    context_bytes, headroom_bytes = _reserve(read.bytes, resolved_device)
-    usable_bytes = read.bytes - context_bytes - headroom_bytes
+    context_bytes, headroom_fraction = _reserve(resolved_device)
+    # Tensors may take what is left after the context, less the allocator's share of it.
+    usable_bytes = int((read.bytes - context_bytes) / (1.0 + headroom_fraction))
+
+    def outside(tensor_bytes: int) -> int:
+        """What the device shows for ``tensor_bytes`` of tensors: plus context and slack."""
+        return tensor_bytes + context_bytes + int(tensor_bytes * headroom_fraction)
 
     num_segments = len(traced.segments)
     fake_state = FakeTrainingState(traced, optimizer=optimizer)
@@ -374,7 +380,7 @@ def _plan(
                 halves,
                 separability,
                 batch_size,
-                context_bytes + headroom_bytes,
+                outside,
             )
         actions, num_micro_batches, reasons = choice
         final = measure(actions, num_micro_batches)
@@ -409,7 +415,7 @@ def _plan(
                 halves,
                 separability,
                 batch_size,
-                context_bytes + headroom_bytes,
+                outside,
             )
         minimum = min(
             minimum_peak(builder.chain(kept, recomputed, halves, m, separability)).peak_bytes
@@ -436,10 +442,12 @@ def _plan(
         batch_size=batch_size,
         num_micro_batches=num_micro_batches,
         segments=segments,
-        predicted_peak_bytes=final.peak_bytes + context_bytes + headroom_bytes,
-        breakdown=_breakdown(final, context_bytes, headroom_bytes),
-        unplanned_peak_bytes=kept.peak_bytes + context_bytes + headroom_bytes,
-        minimum_feasible_bytes=minimum + context_bytes + headroom_bytes,
+        predicted_peak_bytes=outside(final.peak_bytes),
+        breakdown=_breakdown(
+            final, context_bytes, outside(final.peak_bytes) - final.peak_bytes - context_bytes
+        ),
+        unplanned_peak_bytes=outside(kept.peak_bytes),
+        minimum_feasible_bytes=outside(minimum),
         predicted_extra_s=extra_s,
         unplanned_step_s=unplanned_step_s,
         fits=final.peak_bytes <= usable_bytes,
@@ -641,20 +649,18 @@ def _infeasible(
     halves: tuple[StepProfile, StepProfile] | None,
     separability: Separability,
     batch_size: int,
-    reserved_bytes: int,
+    outside: Callable[[int], int],
 ) -> InfeasibleBudgetError:
-    minimum = (
-        min(
-            minimum_peak(builder.chain(kept, recomputed, halves, m, separability)).peak_bytes
-            for m in _micro_batch_counts(batch_size, halves is not None)
-        )
-        + reserved_bytes
+    tensor_minimum = min(
+        minimum_peak(builder.chain(kept, recomputed, halves, m, separability)).peak_bytes
+        for m in _micro_batch_counts(batch_size, halves is not None)
     )
+    minimum = outside(tensor_minimum)
     # Parameters, their gradients and the optimizer state do not shrink with the batch.
     fixed = 2 * kept.parameter_bytes + kept.optimizer_state_bytes
-    per_sample = max(minimum - reserved_bytes - fixed, 1) / max(batch_size, 1)
-    fitting_batch = math.floor((read.bytes - reserved_bytes - fixed) / per_sample)
-    if fixed + reserved_bytes >= read.bytes:
+    per_sample = max(minimum - outside(fixed), 1) / max(batch_size, 1)
+    fitting_batch = math.floor((read.bytes - outside(fixed)) / per_sample)
+    if outside(fixed) >= read.bytes:
         lever = (
             f"parameters, gradients and optimizer state alone take {format_bytes(fixed)}; "
             "raise the budget or use a smaller model"
@@ -730,8 +736,8 @@ def _batch_size(inputs: Sequence[torch.Tensor]) -> int:
     return max(sizes) if sizes else 1
 
 
-def _reserve(budget_bytes: int, device: torch.device) -> tuple[int, int]:
-    """(context, headroom) bytes that come off a budget before tensors (NOTE [Planning])."""
+def _reserve(device: torch.device) -> tuple[int, float]:
+    """Context bytes and the allocator's slack (a share of tensor bytes) on ``device``."""
     if device.type != "cuda":
-        return 0, 0
-    return DEFAULT_CUDA_CONTEXT_BYTES, int(budget_bytes * CUDA_HEADROOM_FRACTION)
+        return 0, 0.0
+    return DEFAULT_CUDA_CONTEXT_BYTES, CUDA_HEADROOM_FRACTION
