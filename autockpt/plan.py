@@ -351,6 +351,12 @@ def _plan(
         # and finding out whether they are allowed costs a probe on the real model.
         separability = Separability.nothing(num_segments, "plain recompute fits")
         halves: tuple[StepProfile, StepProfile] | None = None
+
+        def infeasible() -> InfeasibleBudgetError:
+            return _infeasible(
+                read, builder, kept, recomputed, halves, separability, batch_size, outside
+            )
+
         choice = _choose(builder, kept, recomputed, None, separability, batch_size, usable_bytes)
         if choice is None and (allow_chunks or allow_micro_batches):
             separability = analyse_separability(traced, example_inputs)
@@ -372,16 +378,7 @@ def _plan(
                     builder, kept, recomputed, halves, separability, batch_size, usable_bytes
                 )
         if choice is None:
-            raise _infeasible(
-                read,
-                builder,
-                kept,
-                recomputed,
-                halves,
-                separability,
-                batch_size,
-                outside,
-            )
+            raise infeasible()
         actions, num_micro_batches, reasons = choice
         final = measure(actions, num_micro_batches)
         target = usable_bytes
@@ -407,16 +404,7 @@ def _plan(
                     notes.append("took the lowest-peak plan: the cheaper ones measured over")
                     break
         if final.peak_bytes > usable_bytes:
-            raise _infeasible(
-                read,
-                builder,
-                kept,
-                recomputed,
-                halves,
-                separability,
-                batch_size,
-                outside,
-            )
+            raise infeasible()
         minimum = min(
             minimum_peak(builder.chain(kept, recomputed, halves, m, separability)).peak_bytes
             for m in _micro_batch_counts(batch_size, halves is not None)
