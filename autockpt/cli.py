@@ -67,6 +67,9 @@ def _add_model_options(parser: argparse.ArgumentParser, *, data: bool = True) ->
     )
     group.add_argument("--seed", type=int, metavar="N", help="random seed (default: 0)")
     group.add_argument(
+        "--dropout", type=float, metavar="RATE", help="dropout rate, 0 for none (default: preset's)"
+    )
+    group.add_argument(
         "--encoder-length", type=int, metavar="N", help="bars of history (default: preset's)"
     )
     group.add_argument(
@@ -142,6 +145,7 @@ _CONFIG_KEYS = (
     "device",
     "precision",
     "seed",
+    "dropout",
     "encoder_length",
     "horizon",
     "use_gradient_checkpointing",
@@ -344,8 +348,13 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_train(args: argparse.Namespace, console: Console) -> int:
-    from autockpt.runs import resume_run, start_run
+    """Train; under ``torchrun`` every rank runs this (NOTE [Distributed training])."""
+    from autockpt.distributed import process_group, world_from_environment
+    from autockpt.prepare import resolve_device
+    from autockpt.runs import resume_run, resumed_config, start_run
 
+    world = world_from_environment()
+    run: RunFolder | None = None
     if args.resume is not None:
         overrides = _overrides(args)
         if "out" in overrides and Path(overrides["out"]) != args.resume:
@@ -353,11 +362,16 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
                 f"--out {overrides['out']} and --resume {args.resume} name different folders; "
                 "a resumed run continues in its own folder, so drop --out"
             )
-        setup, run, checkpoint = resume_run(args.resume, args.config, overrides)
+        run, config = resumed_config(args.resume, args.config, overrides)
     else:
-        setup, run = start_run(_load_config(args))
-        checkpoint = None
-    return _run_training(setup, run, console, checkpoint=checkpoint)
+        config = _load_config(args)
+    with process_group(world, world.device(resolve_device(config.device))):
+        if run is not None:
+            setup, checkpoint = resume_run(run, config, world=world)
+        else:
+            setup, run = start_run(config, world=world)
+            checkpoint = None
+        return _run_training(setup, run, console, checkpoint=checkpoint)
 
 
 def cmd_demo(args: argparse.Namespace, console: Console) -> int:
@@ -391,21 +405,32 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
 def _run_training(
     setup: Setup, run: RunFolder, console: Console, *, checkpoint: dict[str, Any] | None
 ) -> int:
+    from autockpt.distributed import SilentReporter
     from autockpt.progress import JsonLinesReporter, Reporter, RichReporter
     from autockpt.train import train
 
     reporter: Reporter
-    if setup.config.quiet:
+    if not setup.world.is_main:
+        reporter = SilentReporter()
+    elif setup.config.quiet:
         reporter = JsonLinesReporter()
     else:
         for note in setup.notes:
             console.print(f"[dim]{note}[/dim]")
         print_plan(console, setup.plan, budget_given=setup.budget is not None)
+        if setup.world.is_distributed:
+            console.print(
+                f"ranks:         {setup.world.world_size} ({setup.device.type}), each a batch "
+                f"of {setup.batch_size} under the budget above; global batch "
+                f"{setup.global_batch_size}"
+            )
         console.print(f"run folder:    {run.path}")
         reporter = RichReporter(console)
     try:
         summary = train(setup, run, reporter, checkpoint=checkpoint)
     except KeyboardInterrupt:
+        if not setup.world.is_main:
+            return EXIT_INTERRUPTED
         print(
             f"interrupted: the last finished epoch is saved in {run.path}; continue with "
             f"autockpt train --resume {run.path}",
@@ -413,7 +438,8 @@ def _run_training(
         )
         return EXIT_INTERRUPTED
     if (
-        summary["budget_bytes"] is not None
+        setup.world.is_main
+        and summary["budget_bytes"] is not None
         and not summary["within_budget"]
         and not setup.config.quiet
     ):

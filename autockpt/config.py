@@ -47,6 +47,8 @@ class TrainConfig(BaseModel):
     """peak learning rate of AdamW, a number > 0 such as 0.001."""
     weight_decay: float = 0.01
     """AdamW weight decay, a number >= 0 such as 0.01."""
+    dropout: float | None = None
+    """dropout rate of the model, a number in [0, 1); 0 turns it off; unset uses the preset's."""
     grad_clip_norm: float | None = 1.0
     """largest global gradient norm before clipping, a number > 0; unset turns clipping off."""
     lr_schedule: Schedule = "cosine"
@@ -116,10 +118,10 @@ class TrainConfig(BaseModel):
             raise ValueError("must be a finite number >= 0")
         return value
 
-    @field_validator("warmup_fraction")
+    @field_validator("warmup_fraction", "dropout")
     @classmethod
-    def _fraction(cls, value: float) -> float:
-        if not 0.0 <= value < 1.0:
+    def _fraction(cls, value: float | None) -> float | None:
+        if value is not None and not 0.0 <= value < 1.0:
             raise ValueError("must be in [0, 1)")
         return value
 

@@ -39,7 +39,7 @@ from autockpt.segmented import (
     build_segmented_module,
     collect_segment_grad_fns,
 )
-from autockpt.trace import TracedModel
+from autockpt.trace import Segment, TracedModel
 
 LossFn = Callable[..., torch.Tensor]
 OptimizerSpec = str | torch.optim.Optimizer | None
@@ -295,6 +295,7 @@ def profile_step(
     size_oracle: RealSizeOracle | None = None,
     run_optimizer: bool = True,
     autocast_dtype: torch.dtype | None = None,
+    segments: Sequence[Segment] | None = None,
 ) -> StepProfile:
     """Measure one training step of the traced model planned with ``actions``, on fake tensors.
 
@@ -310,12 +311,13 @@ def profile_step(
         run_optimizer: run the optimizer step too. Its peak does not depend on the plan, and
             simulating it can be a third of the work, so the planner runs it once.
         autocast_dtype: run forward and loss under ``torch.autocast`` with this dtype.
+        segments: the chain ``actions`` apply to; default: the traced model's segments.
 
     Returns:
         The step's profile (NOTE [Step accounting]); with micro-batches, of one piece.
     """
     loss_fn = loss_fn or default_loss
-    segments = state.traced.segments
+    segments = state.traced.segments if segments is None else segments
     recorder = _StepRecorder(len(segments))
     mode = state.mode
     with mode, warnings.catch_warnings():

@@ -31,6 +31,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from autockpt.chain import ChainBuilder, Decision, Profiles, micro_batch_counts
 from autockpt.errors import InfeasibleBudgetError
 from autockpt.measure import (
     FakeTrainingState,
@@ -40,17 +41,13 @@ from autockpt.measure import (
     profile_step,
 )
 from autockpt.memory import RealSizeOracle
-from autockpt.segmented import SegmentAction
+from autockpt.segmented import KEEP, SegmentAction
 from autockpt.separable import Separability, analyse_separability
-from autockpt.solve import Chain, Option, Solution, minimum_peak, solve
-from autockpt.timing import TimeModel, calibrate
-from autockpt.trace import Segment, TracedModel, trace_model
+from autockpt.solve import Chain, Solution, minimum_peak, solve
+from autockpt.timing import calibrate
+from autockpt.trace import Segment, trace_model
 from autockpt.units import Budget, format_bytes, parse_budget
 
-#: Chunk counts the planner may give a batch-separable segment.
-CHUNK_CHOICES = (2, 4, 8, 16, 32)
-#: Micro-batch counts the planner may split a batch-separable step into.
-MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16, 32)
 #: Rounds of re-solving when the measured plan exceeds the budget (NOTE [Planning], step 5).
 MAX_REPLANS = 4
 #: Real steps run to verify a plan before giving up (see ``plan(verify=...)``).
@@ -282,35 +279,32 @@ def _plan(
     autocast_dtype: torch.dtype | None,
 ) -> Plan:
     started = time.perf_counter()
-    resolved_device = device
-    read = budget
     batch_size = _batch_size(example_inputs)
     traced = trace_model(model, example_inputs)
     oracle = RealSizeOracle()
-    time_model = calibrate(resolved_device.type, resolved_device.index)
-    context_bytes, headroom_fraction = _reserve(resolved_device)
+    builder = ChainBuilder(traced, calibrate(device.type, device.index), batch_size)
+    context_bytes, headroom_fraction = _reserve(device)
     # Tensors may take what is left after the context, less the allocator's share of it.
-    usable_bytes = int((read.bytes - context_bytes) / (1.0 + headroom_fraction))
+    usable_bytes = int((budget.bytes - context_bytes) / (1.0 + headroom_fraction))
 
     def outside(tensor_bytes: int) -> int:
         """What the device shows for ``tensor_bytes`` of tensors: plus context and slack."""
         return tensor_bytes + context_bytes + int(tensor_bytes * headroom_fraction)
 
-    num_segments = len(traced.segments)
     fake_state = FakeTrainingState(traced, optimizer=optimizer)
     # The first profile runs the optimizer; the others reuse its step peak.
     kept = profile_step(
         fake_state,
         example_inputs,
-        [SegmentAction()] * num_segments,
+        [KEEP] * len(traced.segments),
         loss_fn=loss_fn,
         size_oracle=oracle,
         autocast_dtype=autocast_dtype,
     )
 
-    def measure(actions: Sequence[SegmentAction], num_micro_batches: int = 1) -> StepProfile:
-        if num_micro_batches == 1 and all(a == SegmentAction() for a in actions):
-            return kept
+    def measure(
+        segments: Sequence[Segment], actions: Sequence[SegmentAction], num_micro_batches: int = 1
+    ) -> StepProfile:
         profile = profile_step(
             fake_state,
             example_inputs,
@@ -320,116 +314,108 @@ def _plan(
             size_oracle=oracle,
             run_optimizer=False,
             autocast_dtype=autocast_dtype,
+            segments=segments,
         )
         optimizer_peak = kept.phase_peak_bytes["optimizer"]
         profile.phase_peak_bytes["optimizer"] = optimizer_peak
         profile.peak_bytes = max(profile.peak_bytes, optimizer_peak)
         return profile
 
-    recomputed = measure([SegmentAction(recompute=True)] * num_segments)
-    notes: list[str] = []
-    builder = _ChainBuilder(traced, time_model, batch_size)
+    def all_recomputed(segments: Sequence[Segment], num_micro_batches: int = 1) -> StepProfile:
+        return measure(segments, [SegmentAction(recompute=True)] * len(segments), num_micro_batches)
 
+    whole = Profiles(kept, all_recomputed(traced.segments))
+    notes: list[str] = []
     if use_gradient_checkpointing is not None:
         strategy: Strategy = "checkpoint-all" if use_gradient_checkpointing else "checkpoint-none"
-        actions = [SegmentAction(recompute=use_gradient_checkpointing)] * num_segments
-        final = recomputed if use_gradient_checkpointing else kept
-        num_micro_batches = 1
-        reasons = ["forced by use_gradient_checkpointing"] * num_segments
-        minimum = minimum_peak(builder.chain(kept, recomputed, None, 1)).peak_bytes
+        decision = Decision(
+            list(traced.segments),
+            [SegmentAction(recompute=use_gradient_checkpointing)] * len(traced.segments),
+            ["forced by use_gradient_checkpointing"] * len(traced.segments),
+            1,
+        )
+        final = whole.recomputed if use_gradient_checkpointing else kept
+        minimum = minimum_peak(builder.chain(whole, None, 1, None)).peak_bytes
         if final.peak_bytes > usable_bytes:
             message = (
                 f"use_gradient_checkpointing={use_gradient_checkpointing} predicts a peak of "
-                f"{format_bytes(final.peak_bytes + context_bytes)}, over the budget "
-                f"{read.text}; let the planner decide (use_gradient_checkpointing=None)"
+                f"{format_bytes(outside(final.peak_bytes))}, over the budget {budget.text}; "
+                "let the planner decide (use_gradient_checkpointing=None)"
             )
-            warnings.warn(message, stacklevel=2)
+            warnings.warn(message, stacklevel=3)
             notes.append(message)
     else:
         strategy = "auto"
-        # Plain recompute first: chunks and micro-batches only pay off where it cannot fit,
-        # and finding out whether they are allowed costs a probe on the real model.
-        separability = Separability.nothing(num_segments, "plain recompute fits")
-        halves: tuple[StepProfile, StepProfile] | None = None
-
-        def infeasible() -> InfeasibleBudgetError:
-            return _infeasible(
-                read, builder, kept, recomputed, halves, separability, batch_size, outside
-            )
-
-        choice = _choose(builder, kept, recomputed, None, separability, batch_size, usable_bytes)
-        if choice is None and (allow_chunks or allow_micro_batches):
-            separability = analyse_separability(traced, example_inputs)
+        search = _Search(builder, whole, batch_size)
+        decision_or_none = search.cheapest(usable_bytes)
+        if decision_or_none is None:
+            # Plain recompute segment by segment cannot fit. Regions recomputed whole, chunks
+            # and micro-batches are examined only now: they cost more profiles and a probe of
+            # the real model.
+            regions = list(traced.region_segments)
+            separability = Separability.nothing(len(regions), "not allowed by the caller")
+            if allow_chunks or allow_micro_batches:
+                separability = analyse_separability(traced, example_inputs, regions)
             if not allow_chunks:
-                separability = dataclasses.replace(separability, chunkable=(False,) * num_segments)
-            if not separability.micro_batchable:
+                separability = dataclasses.replace(separability, chunkable=(False,) * len(regions))
+            if allow_micro_batches and not separability.micro_batchable:
                 notes.append(f"micro-batches not used: {separability.reason}")
-            choice = _choose(
-                builder, kept, recomputed, None, separability, batch_size, usable_bytes
-            )
-            can_split = allow_micro_batches and separability.micro_batchable and batch_size >= 2
-            if can_split and choice is None:
-                # Micro-batches are measured only when needed: two profiles of a half batch.
-                halves = (
-                    measure([SegmentAction()] * num_segments, 2),
-                    measure([SegmentAction(recompute=True)] * num_segments, 2),
+            search.whole = dataclasses.replace(whole, regions=all_recomputed(regions))
+            search.separability = separability
+            decision_or_none = search.cheapest(usable_bytes)
+            if (
+                decision_or_none is None
+                and allow_micro_batches
+                and separability.micro_batchable
+                and batch_size >= 2
+            ):
+                search.half = Profiles(
+                    measure(traced.segments, [KEEP] * len(traced.segments), 2),
+                    all_recomputed(traced.segments, 2),
+                    all_recomputed(regions, 2),
                 )
-                choice = _choose(
-                    builder, kept, recomputed, halves, separability, batch_size, usable_bytes
-                )
-        if choice is None:
-            raise infeasible()
-        actions, num_micro_batches, reasons = choice
-        final = measure(actions, num_micro_batches)
+                decision_or_none = search.cheapest(usable_bytes)
+        if decision_or_none is None:
+            raise search.infeasible(budget, outside)
+        decision = decision_or_none
+        final = measure(decision.segments, decision.actions, decision.num_micro_batches)
         target = usable_bytes
         for _ in range(MAX_REPLANS):
             if final.peak_bytes <= usable_bytes:
                 break
+            # The chain model was optimistic: aim lower by what the measurement showed.
             target -= final.peak_bytes - usable_bytes
-            choice = _choose(builder, kept, recomputed, halves, separability, batch_size, target)
-            if choice is None:
+            retry = search.cheapest(target)
+            if retry is None:
                 break
-            actions, num_micro_batches, reasons = choice
-            final = measure(actions, num_micro_batches)
+            decision = retry
+            final = measure(decision.segments, decision.actions, decision.num_micro_batches)
             notes.append("re-planned: the measured plan was over the budget")
         if final.peak_bytes > usable_bytes:
             # Last resort: the lowest-peak choice at each micro-batch count, measured.
-            for count in _micro_batch_counts(batch_size, halves is not None):
-                chain = builder.chain(kept, recomputed, halves, count, separability)
-                lowest = _actions_of(chain, minimum_peak(chain), separability)
-                candidate = measure(lowest[0], count)
+            for lowest in search.lowest_peak_decisions():
+                candidate = measure(lowest.segments, lowest.actions, lowest.num_micro_batches)
                 if candidate.peak_bytes <= usable_bytes:
-                    actions, reasons = lowest
-                    num_micro_batches, final = count, candidate
+                    decision, final = lowest, candidate
                     notes.append("took the lowest-peak plan: the cheaper ones measured over")
                     break
         if final.peak_bytes > usable_bytes:
-            raise infeasible()
-        minimum = min(
-            minimum_peak(builder.chain(kept, recomputed, halves, m, separability)).peak_bytes
-            for m in _micro_batch_counts(batch_size, halves is not None)
-        )
+            raise search.infeasible(budget, outside)
+        minimum = search.minimum_peak_bytes()
 
-    chain_m = builder.chain(kept, recomputed, None, 1)
-    segments = [
-        _segment_plan(segment, options, action, reason, builder.recompute_s(kept, segment.index))
-        for segment, options, action, reason in zip(
-            traced.segments, chain_m.options, actions, reasons, strict=True
-        )
-    ]
-    unplanned_step_s = 3 * sum(builder.recompute_s(kept, i) for i in range(num_segments))
-    extra_s = sum(
-        builder.recompute_s(kept, i) * (1 if a.recompute else 0) for i, a in enumerate(actions)
-    ) + builder.micro_batch_s(kept, num_micro_batches)
+    segment_plans = _segment_plans(builder, whole, decision)
+    unplanned_step_s = 3 * sum(builder.recompute_s(kept, i) for i in range(len(traced.segments)))
+    extra_s = sum(p.recompute_s for p in segment_plans if p.recomputed)
+    extra_s += builder.micro_batch_s(kept, decision.num_micro_batches)
     return Plan(
-        budget_bytes=read.bytes,
-        budget_text=read.text,
-        budget_reading=read.reading,
-        device=str(resolved_device),
+        budget_bytes=budget.bytes,
+        budget_text=budget.text,
+        budget_reading=budget.reading,
+        device=str(device),
         strategy=strategy,
         batch_size=batch_size,
-        num_micro_batches=num_micro_batches,
-        segments=segments,
+        num_micro_batches=decision.num_micro_batches,
+        segments=segment_plans,
         predicted_peak_bytes=outside(final.peak_bytes),
         breakdown=_breakdown(
             final, context_bytes, outside(final.peak_bytes) - final.peak_bytes - context_bytes
@@ -444,250 +430,111 @@ def _plan(
     )
 
 
-class _ChainBuilder:
-    """Turns measured profiles into the solver's chain (NOTE [Chain memory model])."""
+class _Search:
+    """The solver over every micro-batch count the profiles so far allow."""
 
-    def __init__(self, traced: TracedModel, time_model: TimeModel, batch_size: int) -> None:
-        self.traced = traced
-        self.time_model = time_model
+    def __init__(self, builder: ChainBuilder, whole: Profiles, batch_size: int) -> None:
+        self.builder = builder
+        self.whole = whole
+        self.half: Profiles | None = None
+        self.separability: Separability | None = None
         self.batch_size = batch_size
 
-    def recompute_s(self, profile: StepProfile, index: int) -> float:
-        segment = profile.segments[index]
-        return self.time_model.seconds(
-            flops=segment.forward_flops,
-            moved_bytes=segment.forward_moved_bytes,
-            num_ops=segment.forward_num_ops,
-        )
-
-    def micro_batch_s(self, profile: StepProfile, num_micro_batches: int) -> float:
-        """Per-op overhead paid again by every extra micro-batch (forward and backward)."""
-        num_ops = sum(s.forward_num_ops for s in profile.segments)
-        return 3 * (num_micro_batches - 1) * num_ops * self.time_model.op_overhead_s
-
-    def chain(
-        self,
-        kept: StepProfile,
-        recomputed: StepProfile,
-        halves: tuple[StepProfile, StepProfile] | None,
-        num_micro_batches: int,
-        separability: Separability | None = None,
-    ) -> Chain:
-        """The chain at ``num_micro_batches`` pieces (fitted from the halves when > 1)."""
-        k_terms = _terms(kept)
-        r_terms = _terms(recomputed)
-        if num_micro_batches > 1:
-            assert halves is not None
-            k_terms = _extrapolate(k_terms, _terms(halves[0]), num_micro_batches)
-            r_terms = _extrapolate(r_terms, _terms(halves[1]), num_micro_batches)
-        options = []
-        for index in range(len(self.traced.segments)):
-            keep = _option("keep", k_terms, index, 0.0)
-            cost_s = self.recompute_s(kept, index)
-            again = _option("recompute", r_terms, index, cost_s)
-            segment_options = [keep, again]
-            if separability is not None and separability.chunkable[index]:
-                segment_options += self._chunked(again, kept, index, r_terms, num_micro_batches)
-            options.append(tuple(segment_options))
-        return Chain(
-            start_bytes=int(k_terms["start"][0]),
-            options=tuple(options),
-            loss_bytes=int(max(k_terms["loss"][0], r_terms["loss"][0])),
-            fixed_peak_bytes=int(k_terms["optimizer"][0]),
-        )
-
-    def _chunked(
-        self,
-        again: Option,
-        kept: StepProfile,
-        index: int,
-        terms: dict[str, list[float]],
-        num_micro_batches: int,
-    ) -> list[Option]:
-        batch = self.batch_size // max(num_micro_batches, 1)
-        boundary = terms["io"][index]
-        ops = kept.segments[index].forward_num_ops
-        options = []
-        for chunks in CHUNK_CHOICES:
-            if chunks > batch:
-                break
-            if batch % chunks:
-                # Pieces must hold whole samples (a variable-major dim holds B * T rows).
-                continue
-            # Interiors shrink with the chunk; the boundary and its gradients do not.
-            forward = boundary + max(again.forward_bytes - boundary, 0) / chunks
-            backward = 2 * boundary + max(again.backward_bytes - 2 * boundary, 0) / chunks
-            overhead = 2 * (chunks - 1) * ops * self.time_model.op_overhead_s
-            options.append(
-                Option(
-                    label=f"recompute in {chunks} chunks",
-                    kept_bytes=again.kept_bytes,
-                    forward_bytes=int(forward),
-                    backward_bytes=int(backward),
-                    extra_s=again.extra_s + overhead,
-                )
-            )
-        return options
-
-
-def _terms(profile: StepProfile) -> dict[str, list[float]]:
-    """Per-segment increments of a profile (NOTE [Chain memory model])."""
-    kept, forward, backward, io = [], [], [], []
-    previous_end = profile.start_bytes
-    for segment in profile.segments:
-        kept.append(float(segment.end_bytes - previous_end))
-        forward.append(float(max(segment.forward_peak_bytes - previous_end, 0)))
-        backward.append(float(max(segment.backward_peak_bytes - previous_end, 0)))
-        io.append(float(segment.input_bytes + segment.output_bytes))
-        previous_end = segment.end_bytes
-    return {
-        "start": [float(profile.start_bytes)],
-        "kept": kept,
-        "forward": forward,
-        "backward": backward,
-        "io": io,
-        "loss": [float(max(profile.phase_peak_bytes.get("loss", 0) - previous_end, 0))],
-        "optimizer": [float(profile.phase_peak_bytes.get("optimizer", 0))],
-    }
-
-
-def _extrapolate(
-    whole: dict[str, list[float]], half: dict[str, list[float]], num_micro_batches: int
-) -> dict[str, list[float]]:
-    """Fit ``a + c / m`` through m = 1 and m = 2 and read it at ``num_micro_batches``."""
-    fitted = {}
-    for key, values in whole.items():
-        fitted[key] = [
-            max(2 * h - w, 0.0) + 2 * (w - h) / num_micro_batches
-            for w, h in zip(values, half[key], strict=True)
+    def chains(self) -> list[tuple[int, Chain]]:
+        counts = micro_batch_counts(self.batch_size, self.half is not None)
+        return [
+            (count, self.builder.chain(self.whole, self.half, count, self.separability))
+            for count in counts
         ]
-    # Optimizer state and parameters do not shrink with the batch; from two pieces on, the
-    # gradients are live before each piece starts, as in the half-batch profile.
-    fitted["optimizer"] = whole["optimizer"]
-    fitted["start"] = half["start"]
-    return fitted
+
+    def cheapest(self, budget_bytes: int) -> Decision | None:
+        """The least extra time over micro-batch counts, or None when nothing fits."""
+        best: tuple[float, int, Chain, Solution] | None = None
+        for count, chain in self.chains():
+            solution = solve(chain, budget_bytes)
+            if solution is None:
+                continue
+            total = solution.extra_s + self.builder.micro_batch_s(self.whole.kept, count)
+            if best is None or total < best[0]:
+                best = (total, count, chain, solution)
+        if best is None:
+            return None
+        _, count, chain, solution = best
+        return self.builder.decode(chain, solution, self.separability, count)
+
+    def lowest_peak_decisions(self) -> list[Decision]:
+        return [
+            self.builder.decode(chain, minimum_peak(chain), self.separability, count)
+            for count, chain in self.chains()
+        ]
+
+    def minimum_peak_bytes(self) -> int:
+        return min(minimum_peak(chain).peak_bytes for _, chain in self.chains())
+
+    def infeasible(self, budget: Budget, outside: Callable[[int], int]) -> InfeasibleBudgetError:
+        """The error for a budget below every plan, with the minimum and the lever."""
+        minimum = outside(self.minimum_peak_bytes())
+        kept = self.whole.kept
+        # Parameters, their gradients and the optimizer state do not shrink with the batch.
+        fixed = outside(2 * kept.parameter_bytes + kept.optimizer_state_bytes)
+        per_sample = max(minimum - fixed, 1) / max(self.batch_size, 1)
+        fitting_batch = math.floor((budget.bytes - fixed) / per_sample)
+        if fixed >= budget.bytes:
+            lever = (
+                f"parameters, gradients and optimizer state alone take {format_bytes(fixed)}; "
+                "raise the budget or use a smaller model"
+            )
+        elif 1 <= fitting_batch < self.batch_size:
+            lever = f"lower the batch size to {fitting_batch} or raise the budget"
+        else:
+            lever = f"raise the budget to at least {format_bytes(minimum * 1.05)}"
+        return InfeasibleBudgetError(
+            f"budget {budget.text} ({format_bytes(budget.bytes)}) is below the minimum "
+            f"{format_bytes(minimum)} for batch {self.batch_size}; {lever}",
+            budget_bytes=budget.bytes,
+            minimum_bytes=minimum,
+        )
 
 
-def _option(label: str, terms: dict[str, list[float]], index: int, extra_s: float) -> Option:
-    return Option(
-        label=label,
-        kept_bytes=int(terms["kept"][index]),
-        forward_bytes=int(terms["forward"][index]),
-        backward_bytes=int(terms["backward"][index]),
-        extra_s=extra_s,
-    )
-
-
-def _micro_batch_counts(batch_size: int, possible: bool) -> list[int]:
-    if not possible:
-        return [1]
-    return [m for m in MICRO_BATCH_CHOICES if m <= batch_size and batch_size % m == 0]
-
-
-def _choose(
-    builder: _ChainBuilder,
-    kept: StepProfile,
-    recomputed: StepProfile,
-    halves: tuple[StepProfile, StepProfile] | None,
-    separability: Separability,
-    batch_size: int,
-    budget_bytes: int,
-) -> tuple[list[SegmentAction], int, list[str]] | None:
-    """Cheapest (actions, micro-batches, reasons) over every micro-batch count, or None."""
-    best: tuple[float, int, Solution, Chain] | None = None
-    for count in _micro_batch_counts(batch_size, halves is not None):
-        chain = builder.chain(kept, recomputed, halves, count, separability)
-        solution = solve(chain, budget_bytes)
-        if solution is None:
-            continue
-        total = solution.extra_s + builder.micro_batch_s(kept, count)
-        if best is None or total < best[0]:
-            best = (total, count, solution, chain)
-    if best is None:
-        return None
-    _, count, solution, chain = best
-    actions, reasons = _actions_of(chain, solution, separability)
-    return actions, count, reasons
-
-
-def _actions_of(
-    chain: Chain, solution: Solution, separability: Separability
-) -> tuple[list[SegmentAction], list[str]]:
-    actions, reasons = [], []
-    for index, picked in enumerate(solution.choice):
-        option = chain.options[index][picked]
-        chunks = int(option.label.split()[2]) if "chunks" in option.label else 1
-        actions.append(
-            SegmentAction(
-                recompute=option.label != "keep",
-                num_chunks=chunks,
-                input_batch_dims=separability.input_batch_dims[index] if chunks > 1 else (),
-                output_batch_dims=separability.output_batch_dims[index] if chunks > 1 else (),
+def _segment_plans(builder: ChainBuilder, whole: Profiles, decision: Decision) -> list[SegmentPlan]:
+    """Report rows: each run segment (a merged region counts as one) with its numbers."""
+    fine = builder.traced.segments
+    first_node = {segment.node_names[0]: segment.index for segment in fine}
+    kept_terms = [
+        s.end_bytes - (whole.kept.segments[i - 1].end_bytes if i else whole.kept.start_bytes)
+        for i, s in enumerate(whole.kept.segments)
+    ]
+    again_terms = [
+        s.end_bytes
+        - (whole.recomputed.segments[i - 1].end_bytes if i else whole.recomputed.start_bytes)
+        for i, s in enumerate(whole.recomputed.segments)
+    ]
+    plans = []
+    for segment, action, reason in zip(
+        decision.segments, decision.actions, decision.reasons, strict=True
+    ):
+        start = first_node[segment.node_names[0]]
+        covered = [
+            i for i in range(start, len(fine)) if fine[i].node_names[0] in segment.node_names
+        ]
+        plans.append(
+            SegmentPlan(
+                name=segment.name,
+                nodes=list(segment.node_names),
+                modules=list(segment.module_paths),
+                inputs=list(segment.input_names),
+                outputs=list(segment.output_names),
+                saved_bytes=max(sum(kept_terms[i] for i in covered), 0),
+                boundary_bytes=max(again_terms[covered[-1]], 0),
+                recompute_s=sum(builder.recompute_s(whole.kept, i) for i in covered),
+                recomputed=action.recompute,
+                num_chunks=action.num_chunks,
+                input_batch_dims=list(action.input_batch_dims),
+                output_batch_dims=list(action.output_batch_dims),
+                reason=reason,
             )
         )
-        reasons.append(option.label)
-    return actions, reasons
-
-
-def _infeasible(
-    read: Budget,
-    builder: _ChainBuilder,
-    kept: StepProfile,
-    recomputed: StepProfile,
-    halves: tuple[StepProfile, StepProfile] | None,
-    separability: Separability,
-    batch_size: int,
-    outside: Callable[[int], int],
-) -> InfeasibleBudgetError:
-    tensor_minimum = min(
-        minimum_peak(builder.chain(kept, recomputed, halves, m, separability)).peak_bytes
-        for m in _micro_batch_counts(batch_size, halves is not None)
-    )
-    minimum = outside(tensor_minimum)
-    # Parameters, their gradients and the optimizer state do not shrink with the batch.
-    fixed = 2 * kept.parameter_bytes + kept.optimizer_state_bytes
-    per_sample = max(minimum - outside(fixed), 1) / max(batch_size, 1)
-    fitting_batch = math.floor((read.bytes - outside(fixed)) / per_sample)
-    if outside(fixed) >= read.bytes:
-        lever = (
-            f"parameters, gradients and optimizer state alone take {format_bytes(fixed)}; "
-            "raise the budget or use a smaller model"
-        )
-    elif 1 <= fitting_batch < batch_size:
-        lever = f"lower the batch size to {fitting_batch} or raise the budget"
-    else:
-        lever = f"raise the budget to at least {format_bytes(minimum * 1.05)}"
-    return InfeasibleBudgetError(
-        f"budget {read.text} ({format_bytes(read.bytes)}) is below the minimum "
-        f"{format_bytes(minimum)} for batch {batch_size}; {lever}",
-        budget_bytes=read.bytes,
-        minimum_bytes=minimum,
-    )
-
-
-def _segment_plan(
-    segment: Segment,
-    options: tuple[Option, ...],
-    action: SegmentAction,
-    reason: str,
-    recompute_s: float,
-) -> SegmentPlan:
-    keep, again = options[0], options[1]
-    return SegmentPlan(
-        name=segment.name,
-        nodes=list(segment.node_names),
-        modules=list(segment.module_paths),
-        inputs=list(segment.input_names),
-        outputs=list(segment.output_names),
-        saved_bytes=max(keep.kept_bytes, 0),
-        boundary_bytes=max(again.kept_bytes, 0),
-        recompute_s=recompute_s,
-        recomputed=action.recompute,
-        num_chunks=action.num_chunks,
-        input_batch_dims=list(action.input_batch_dims),
-        output_batch_dims=list(action.output_batch_dims),
-        reason=reason,
-    )
+    return plans
 
 
 def _breakdown(profile: StepProfile, context_bytes: int, headroom_bytes: int) -> PeakBreakdown:

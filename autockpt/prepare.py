@@ -20,6 +20,7 @@ import torch
 
 import autockpt
 from autockpt.config import TrainConfig
+from autockpt.distributed import SINGLE_PROCESS, World, agree_on_plan
 from autockpt.errors import DataError, DeviceError
 from autockpt.plan import Plan
 from autockpt.units import Budget, parse_budget
@@ -65,10 +66,18 @@ class Setup:
     loss_fn: QuantileLoss
     example_inputs: tuple[torch.Tensor, ...]
     notes: tuple[str, ...] = ()
+    world: World = SINGLE_PROCESS
+    """The ranks training together (NOTE [Distributed training]); one process by default."""
 
     @property
     def batch_size(self) -> int:
+        """Windows per step on this rank (what the plan is for)."""
         return self.model_config.batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        """Windows per optimizer step over all ranks."""
+        return self.model_config.batch_size * self.world.world_size
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -132,12 +141,16 @@ def default_run_dir(config: TrainConfig) -> Path:
     return Path("runs") / f"{config.preset}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
-def prepare(config: TrainConfig, *, normalizer: Normalizer | None = None) -> Setup:
+def prepare(
+    config: TrainConfig, *, normalizer: Normalizer | None = None, world: World = SINGLE_PROCESS
+) -> Setup:
     """Resolve the device, read the data, build the model and plan its training step.
 
     Args:
         config: the run's settings.
         normalizer: statistics to apply instead of fitting them (a resumed run's own).
+        world: the ranks training together; rank 0 plans for every rank (its process group
+            must be joined already, see :func:`autockpt.distributed.process_group`).
 
     Returns:
         The setup; nothing is written to disk.
@@ -145,7 +158,7 @@ def prepare(config: TrainConfig, *, normalizer: Normalizer | None = None) -> Set
     Raises:
         DeviceError, BudgetError, DataError, ConfigError, InfeasibleBudgetError: user errors.
     """
-    device = resolve_device(config.device)
+    device = world.device(resolve_device(config.device))
     autocast_dtype = resolve_precision(config.precision, device)
     budget = resolve_budget(config.vram_budget, device)
     data_path, note = resolve_data_path(config)
@@ -164,25 +177,31 @@ def prepare(config: TrainConfig, *, normalizer: Normalizer | None = None) -> Set
         encoder_length=data.encoder_length,
         horizon=data.horizon,
         batch_size=config.batch_size or preset.batch_size,
+        dropout=config.dropout if config.dropout is not None else preset.dropout,
     )
-    if len(data.train) < model_config.batch_size:
+    global_batch_size = model_config.batch_size * world.world_size
+    if len(data.train) < global_batch_size:
+        ranks = f" x {world.world_size} ranks" if world.is_distributed else ""
         raise DataError(
             f"{data_path}: {len(data.train)} training windows are fewer than the batch size "
-            f"{model_config.batch_size}; lower --batch-size or use a longer file"
+            f"{model_config.batch_size}{ranks}; lower --batch-size or use a longer file"
         )
     seed_everything(config.seed)
     model = TemporalFusionTransformer(model_config).to(device)
     loss_fn = QuantileLoss(model_config.quantiles)
     example = data.train.batch(np.arange(model_config.batch_size))
     example_inputs = tuple(t.to(device) for t in example.inputs())
-    plan = make_plan(
-        model,
-        example_inputs,
-        budget,
-        loss_fn=loss_fn,
-        device=device,
-        config=config,
-        autocast_dtype=autocast_dtype,
+    plan = agree_on_plan(
+        world,
+        lambda: make_plan(
+            model,
+            example_inputs,
+            budget,
+            loss_fn=loss_fn,
+            device=device,
+            config=config,
+            autocast_dtype=autocast_dtype,
+        ),
     )
     return Setup(
         config=config,
@@ -197,6 +216,7 @@ def prepare(config: TrainConfig, *, normalizer: Normalizer | None = None) -> Set
         loss_fn=loss_fn,
         example_inputs=example_inputs,
         notes=(note,) if note else (),
+        world=world,
     )
 
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from autockpt.config import TrainConfig, load_train_config
+from autockpt.distributed import SINGLE_PROCESS, World
 from autockpt.errors import DataError, RunError
 from autockpt.prepare import Setup, column_roles, default_run_dir, prepare
 from tft.data import Normalizer
@@ -282,11 +283,18 @@ def check_compatible(
 # ---------------------------------------------------------------------------- starting and resuming
 
 
-def start_run(config: TrainConfig) -> tuple[Setup, RunFolder]:
-    """Prepare a new run and create its folder (only once everything checked out)."""
+def start_run(config: TrainConfig, *, world: World = SINGLE_PROCESS) -> tuple[Setup, RunFolder]:
+    """Prepare a new run and create its folder (only once everything checked out).
+
+    With several ranks every rank checks the folder, rank 0 alone creates and writes it.
+    """
     out = config.out or default_run_dir(config)
     RunFolder.check_new(out)
-    setup = prepare(config)
+    # Planning is collective (rank 0 sends the plan), so no rank creates the folder before
+    # every rank has checked it.
+    setup = prepare(config, world=world)
+    if not world.is_main:
+        return setup, RunFolder(out)
     run = RunFolder.create(out)
     # The data path is stored absolute so that --resume works from any folder.
     resolved = setup.config.model_copy(update={"out": out, "data": setup.data_path.resolve()})
@@ -295,16 +303,16 @@ def start_run(config: TrainConfig) -> tuple[Setup, RunFolder]:
     return setup, run
 
 
-def resume_run(
+def resumed_config(
     folder: str | Path, toml_path: str | Path | None, overrides: dict[str, Any]
-) -> tuple[Setup, RunFolder, dict[str, Any]]:
-    """Open a run to continue it, with a TOML file and ``overrides`` on its saved config.
+) -> tuple[RunFolder, TrainConfig]:
+    """Open a run to continue it and give its saved config with a TOML file and ``overrides``.
 
     Settings that change the model or its data (preset, column roles, window lengths, batch
     size) must stay as they were; the rest (epochs, device, budget, ...) may change.
 
     Raises:
-        RunError: the folder is missing, damaged or incompatible with the overrides or data.
+        RunError: the folder is missing or damaged, or the overrides change the model or data.
     """
     run = RunFolder.open(folder)
     saved = run.read_config()
@@ -324,9 +332,28 @@ def resume_run(
         {"preset": config.preset, **column_roles(config).model_dump()},
         what="config",
     )
+    return run, config
+
+
+def resume_run(
+    run: RunFolder, config: TrainConfig, *, world: World = SINGLE_PROCESS
+) -> tuple[Setup, dict[str, Any]]:
+    """Prepare the continuation of ``run`` (from :func:`resumed_config`) and its last state.
+
+    Raises:
+        RunError: the checkpoint is damaged, was trained on another number of ranks, or does
+            not fit the data or the model.
+    """
     checkpoint = run.load_checkpoint(LAST_FILE)
+    saved_world_size = int(checkpoint.get("world_size", 1))
+    if saved_world_size != world.world_size:
+        raise RunError(
+            f"cannot resume {run.path}: it was trained on {saved_world_size} rank(s) and this "
+            f"run has {world.world_size}; resume with torchrun --nproc-per-node "
+            f"{saved_world_size} (or a plain autockpt train for 1), or start a new run with --out"
+        )
     try:
-        setup = prepare(config, normalizer=_saved_normalizer(run, checkpoint))
+        setup = prepare(config, normalizer=_saved_normalizer(run, checkpoint), world=world)
     except DataError as error:
         raise RunError(f"cannot resume {run.path} on this data: {error}") from None
     check_compatible(
@@ -335,9 +362,10 @@ def resume_run(
         setup.model_config.model_dump(mode="json"),
         what="model",
     )
-    run.write_config(config.model_dump(mode="json"))
-    run.write_plan(setup.plan.model_dump_json(indent=2))
-    return setup, run, checkpoint
+    if world.is_main:
+        run.write_config(config.model_dump(mode="json"))
+        run.write_plan(setup.plan.model_dump_json(indent=2))
+    return setup, checkpoint
 
 
 def _saved_normalizer(run: RunFolder, checkpoint: dict[str, Any]) -> Normalizer:

@@ -27,7 +27,7 @@ import torch
 
 from autockpt.memory import flat_tensors
 from autockpt.segmented import KEEP, build_segmented_module
-from autockpt.trace import TracedModel
+from autockpt.trace import Segment, TracedModel
 
 #: Samples in the two probe batches.
 PROBE_BATCHES = (3, 2)
@@ -73,11 +73,15 @@ class _Capture:
 
 
 def analyse_separability(
-    traced: TracedModel, example_inputs: Sequence[torch.Tensor]
+    traced: TracedModel,
+    example_inputs: Sequence[torch.Tensor],
+    segments: Sequence[Segment] | None = None,
 ) -> Separability:
-    """Probe every segment and the whole model (NOTE [Batch separability])."""
+    """Probe every segment (default: the traced model's) and the whole model
+    (NOTE [Batch separability])."""
+    segments = traced.segments if segments is None else segments
     batch = _batch_size(example_inputs)
-    num_segments = len(traced.segments)
+    num_segments = len(segments)
     if batch is None or batch < max(PROBE_BATCHES):
         reason = "the inputs carry no common batch dimension of at least 3"
         return Separability.nothing(num_segments, reason)
@@ -99,7 +103,7 @@ def analyse_separability(
         for size in PROBE_BATCHES:
             capture = _Capture()
             segmented = build_segmented_module(
-                probe_model, traced.segments, [KEEP] * num_segments, observer=capture
+                probe_model, segments, [KEEP] * num_segments, observer=capture
             )
             probe_inputs = [_take(x, size, batch) for x in example_inputs]
             try:
@@ -110,8 +114,7 @@ def analyse_separability(
             captures.append((capture, probe_inputs, full_output))
         (first, first_inputs, first_output), (second, _, second_output) = captures
         chunkable, input_dims, output_dims = [], [], []
-        for segment in traced.segments:
-            index = segment.index
+        for index, segment in enumerate(segments):
             in_dims = tuple(
                 _batch_dim(a, b)
                 for a, b in zip(first.inputs[index], second.inputs[index], strict=True)

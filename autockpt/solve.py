@@ -50,6 +50,8 @@ class Option:
         forward_bytes: peak above ``S_i`` during its forward.
         backward_bytes: peak above ``S_i`` during its backward.
         extra_s: seconds it adds to the step.
+        span: how many consecutive segments it covers, from its own (a region recomputed as
+            one unit covers several; the positions it covers get no option of their own).
     """
 
     label: str
@@ -57,6 +59,7 @@ class Option:
     forward_bytes: int
     backward_bytes: int
     extra_s: float
+    span: int = 1
 
     @property
     def local_bytes(self) -> int:
@@ -83,7 +86,11 @@ class Chain:
 
 @dataclass(frozen=True)
 class Solution:
-    """The chosen option per segment, its predicted peak and its extra time."""
+    """The chosen option per segment, its predicted peak and its extra time.
+
+    ``choice[i]`` indexes ``chain.options[i]``; it is ``-1`` for a segment covered by an
+    earlier segment's option of span > 1.
+    """
 
     choice: tuple[int, ...]
     peak_bytes: int
@@ -92,14 +99,18 @@ class Solution:
 
 def evaluate(chain: Chain, choice: Sequence[int]) -> Solution:
     """Peak and extra time of one choice under NOTE [Chain memory model]."""
+    assert len(choice) == len(chain.options), "one entry per segment"
     live = chain.start_bytes
     peak = chain.fixed_peak_bytes
     extra = 0.0
-    for options, picked in zip(chain.options, choice, strict=True):
-        option = options[picked]
+    position = 0
+    while position < len(chain.options):
+        option = chain.options[position][choice[position]]
         peak = max(peak, live + option.local_bytes)
         live += option.kept_bytes
         extra += option.extra_s
+        position += option.span
+    assert position == len(chain.options), "an option spans past the end of the chain"
     peak = max(peak, live + chain.loss_bytes)
     return Solution(choice=tuple(choice), peak_bytes=peak, extra_s=extra)
 
@@ -130,22 +141,31 @@ def _frontier(chain: Chain, budget_bytes: int | None, *, minimise_peak: bool) ->
     limit = float("inf") if budget_bytes is None else budget_bytes
     if chain.fixed_peak_bytes > limit:
         return None
-    states: list[_State] = [(chain.start_bytes, 0.0, chain.fixed_peak_bytes, ())]
-    for options in chain.options:
-        grown: list[_State] = []
-        for live, cost, peak, choice in states:
-            for index, option in enumerate(options):
+    count = len(chain.options)
+    # states[i]: partial choices that decide every segment before position i.
+    states: list[list[_State]] = [[] for _ in range(count + 1)]
+    states[0] = [(chain.start_bytes, 0.0, chain.fixed_peak_bytes, ())]
+    for position in range(count):
+        if not states[position]:
+            continue
+        for live, cost, peak, choice in _pareto(states[position]):
+            for index, option in enumerate(chain.options[position]):
+                end = position + option.span
                 local_peak = live + option.local_bytes
-                if local_peak > limit:
+                if end > count or local_peak > limit:
                     continue
                 new_peak = max(peak, local_peak)
                 new_cost = float(new_peak) if minimise_peak else cost + option.extra_s
-                grown.append((live + option.kept_bytes, new_cost, new_peak, (*choice, index)))
-        if not grown:
-            return None
-        states = _pareto(grown)
+                covered = (-1,) * (option.span - 1)
+                states[end].append(
+                    (live + option.kept_bytes, new_cost, new_peak, (*choice, index, *covered))
+                )
+        states[position] = []
+    if not states[count]:
+        return None
+    states_done = _pareto(states[count])
     finished = []
-    for live, cost, peak, choice in states:
+    for live, cost, peak, choice in states_done:
         final_peak = max(peak, live + chain.loss_bytes)
         if final_peak <= limit:
             final_cost = float(final_peak) if minimise_peak else cost

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal
 
 import torch
@@ -18,6 +19,7 @@ def training_step(
     loss_fn: Callable[..., torch.Tensor],
     *,
     loss_reduction: Literal["mean", "sum"] = "mean",
+    no_sync: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> torch.Tensor:
     """Forward and backward of one batch in ``plan.num_micro_batches`` pieces.
 
@@ -35,6 +37,9 @@ def training_step(
         targets: what ``loss_fn`` compares against, for the whole batch.
         loss_fn: ``loss_fn(output, *targets) -> scalar``, a mean or a sum over samples.
         loss_reduction: whether ``loss_fn`` averages (``"mean"``) or adds (``"sum"``) samples.
+        no_sync: a context that defers gradient synchronisation, such as
+            ``DistributedDataParallel.no_sync``; every piece but the last runs inside it, so the
+            gradients are synchronised once per step. ``None``: nothing is deferred.
 
     Returns:
         The whole batch's loss, detached.
@@ -57,8 +62,10 @@ def training_step(
         piece_targets = [parts[index] for parts in split_targets]
         size = piece_inputs[0].shape[0] if piece_inputs else 1
         weight = size / batch if loss_reduction == "mean" else 1.0
-        loss = loss_fn(model(*piece_inputs), *piece_targets) * weight
-        loss.backward()
+        last = index == pieces - 1
+        with nullcontext() if no_sync is None or last else no_sync():
+            loss = loss_fn(model(*piece_inputs), *piece_targets) * weight
+            loss.backward()
         total = total + loss.detach().float().cpu()
     return total
 

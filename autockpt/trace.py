@@ -11,13 +11,19 @@ them are (B, T, V, 8) and the weighted sum that leaves is (B, T, H).
 
 The cuts are chosen by a small dynamic program over the node order that minimises
 
-    CROSSING_WEIGHT * sum(bytes crossing each cut) + sum(segment bytes ** 2) / total bytes
+    weight * sum(bytes crossing each cut) + sum(segment bytes ** 2) / total bytes
 
 The first term is what recomputed segments must keep (their boundaries); the second stands in
 for the largest interior that backward rebuilds at once (it falls as segments get smaller, and
 falls fastest where one segment is much larger than the rest). Where cuts are cheap this gives
 about sqrt(total / crossing) segments; where every cut is expensive (inside a TFT's per-variable
 GRNs) the region stays whole, and a later stage runs it in chunks instead.
+
+The DP runs twice. With weight 1 it gives the *segments*, the chain's positions, each of which
+may be kept or recomputed alone. With weight 3 it gives the *regions* (and every region edge is
+made a segment edge too): runs of segments whose outer boundary is small (a TFT's per-variable GRNs and their
+weighted sum form one), which may be recomputed as one unit and, when batch-separable, in
+chunks, so that backward rebuilds only a piece of them at a time.
 """
 
 from __future__ import annotations
@@ -45,10 +51,12 @@ LEAF_MODULE_TYPES: tuple[type[torch.nn.Module], ...] = (
     torch.nn.MultiheadAttention,
 )
 
-#: How much a byte crossing a cut counts against a byte of interior (NOTE [Cut points]): a
-#: recomputed segment keeps its boundary through forward and backward, and backward adds the
-#: boundary's gradient, while a cut only shortens what one recompute rebuilds.
-CROSSING_WEIGHT = 3.0
+#: How much a byte crossing a cut counts against a byte of interior (NOTE [Cut points]), for
+#: segments (fine: each may be recomputed on its own) and for regions (coarse: runs of
+#: segments that may be recomputed as one, in chunks). A recomputed region keeps its boundary
+#: through forward and backward, and backward adds the boundary's gradient.
+SEGMENT_CROSSING_WEIGHT = 1.0
+REGION_CROSSING_WEIGHT = 3.0
 
 COMPUTE_OPS = frozenset({"call_function", "call_method", "call_module"})
 
@@ -83,12 +91,17 @@ class TracedModel:
         segments: the chain, in execution order.
         node_output_bytes: bytes of new storage each compute node's output takes (views: 0).
         storage_owner: for a node whose output is a view, the node that allocated its storage.
+        regions: runs of segments that may be recomputed as one, as ``(first, end)`` segment
+            indices covering the chain in order (NOTE [Cut points]).
+        region_segments: each region as one segment.
     """
 
     graph_module: fx.GraphModule
     segments: tuple[Segment, ...]
     node_output_bytes: dict[str, int]
     storage_owner: dict[str, str]
+    regions: tuple[tuple[int, int], ...]
+    region_segments: tuple[Segment, ...]
 
 
 #: How many submodules that do not trace may be kept whole before the model counts as untraceable.
@@ -133,13 +146,23 @@ def trace_model(
     compute_nodes = [n for n in graph.nodes if n.op in COMPUTE_OPS]
     if not compute_nodes:
         raise TraceError(f"{type(model).__name__} has no operations to plan")
-    bounds = _choose_cuts(compute_nodes, node_bytes, owners, target_num_segments)
+    costs = _CutCosts(compute_nodes, node_bytes, owners, target_num_segments)
+    everywhere = range(len(compute_nodes) + 1)
+    region_bounds = costs.choose(REGION_CROSSING_WEIGHT, everywhere)
+    # Every region edge is also a segment edge, so regions are runs of whole segments.
+    bounds = sorted(set(costs.choose(SEGMENT_CROSSING_WEIGHT, everywhere)) | set(region_bounds))
     segments = _build_segments(graph, compute_nodes, bounds)
+    regions = tuple(
+        (bounds.index(start), bounds.index(end))
+        for start, end in zip(region_bounds[:-1], region_bounds[1:], strict=True)
+    )
     return TracedModel(
         graph_module=graph_module,
         segments=segments,
         node_output_bytes=node_bytes,
         storage_owner=owners,
+        regions=regions,
+        region_segments=_build_segments(graph, compute_nodes, region_bounds),
     )
 
 
@@ -206,51 +229,67 @@ class _SizeInterpreter(fx.Interpreter):
         return result
 
 
-def _choose_cuts(
-    compute_nodes: list[fx.Node],
-    node_bytes: dict[str, int],
-    owners: dict[str, str],
-    target_num_segments: int,
-) -> list[int]:
-    """Segment start positions (plus the end) chosen by the DP of NOTE [Cut points]."""
-    count = len(compute_nodes)
-    position = {node: i for i, node in enumerate(compute_nodes)}
-    weights = np.array([node_bytes.get(n.name, 0) for n in compute_nodes], dtype=np.float64)
-    # A storage lives until the last use of the node that made it or of any view of it.
-    last_use = {
-        node.name: max((position.get(user, count) for user in node.users), default=position[node])
-        for node in compute_nodes
-    }
-    for view, owner in owners.items():
-        if owner in last_use and view in last_use:
-            last_use[owner] = max(last_use[owner], last_use[view])
-    # crossing[p]: bytes produced before position p and read at or after it.
-    delta = np.zeros(count + 1, dtype=np.float64)
-    for node in compute_nodes:
-        last = last_use[node.name]
-        start = position[node] + 1
-        if last >= start:
-            delta[start] += weights[position[node]]
-            delta[last + 1 if last < count else count] -= weights[position[node]]
-    crossing = np.cumsum(delta)
-    crossing[count] = 0.0
-    prefix = np.concatenate([[0.0], np.cumsum(weights)])
-    total = max(prefix[-1], 1.0)
-    # A small price per segment keeps the DP from cutting at every free position.
-    per_segment = total / (50.0 * max(target_num_segments, 1))
-    best = np.full(count + 1, np.inf)
-    best[0] = 0.0
-    previous = np.zeros(count + 1, dtype=np.int64)
-    for end in range(1, count + 1):
-        size = prefix[end] - prefix[:end]
-        cost = best[:end] + size * size / total + CROSSING_WEIGHT * crossing[end] + per_segment
-        start = int(np.argmin(cost))
-        best[end] = cost[start]
-        previous[end] = start
-    bounds = [count]
-    while bounds[-1] > 0:
-        bounds.append(int(previous[bounds[-1]]))
-    return bounds[::-1]
+class _CutCosts:
+    """The quantities of NOTE [Cut points] over the compute nodes, and the DP that uses them."""
+
+    def __init__(
+        self,
+        compute_nodes: list[fx.Node],
+        node_bytes: dict[str, int],
+        owners: dict[str, str],
+        target_num_segments: int,
+    ) -> None:
+        count = len(compute_nodes)
+        position = {node: i for i, node in enumerate(compute_nodes)}
+        weights = np.array([node_bytes.get(n.name, 0) for n in compute_nodes], dtype=np.float64)
+        # A storage lives until the last use of the node that made it or of any view of it.
+        last_use = {
+            node.name: max(
+                (position.get(user, count) for user in node.users), default=position[node]
+            )
+            for node in compute_nodes
+        }
+        for view, owner in owners.items():
+            if owner in last_use and view in last_use:
+                last_use[owner] = max(last_use[owner], last_use[view])
+        # crossing[p]: bytes produced before position p and read at or after it.
+        delta = np.zeros(count + 1, dtype=np.float64)
+        for node in compute_nodes:
+            last = last_use[node.name]
+            start = position[node] + 1
+            if last >= start:
+                delta[start] += weights[position[node]]
+                delta[last + 1 if last < count else count] -= weights[position[node]]
+        self.crossing = np.cumsum(delta)
+        self.crossing[count] = 0.0
+        self.prefix = np.concatenate([[0.0], np.cumsum(weights)])
+        self.total = max(float(self.prefix[-1]), 1.0)
+        # A small price per segment keeps the DP from cutting at every free position.
+        self.per_segment = self.total / (50.0 * max(target_num_segments, 1))
+
+    def choose(self, crossing_weight: float, allowed: Sequence[int] | range) -> list[int]:
+        """Cut positions (0 first, the node count last) among ``allowed`` that minimise the
+        cost of NOTE [Cut points]."""
+        points = np.array(list(allowed), dtype=np.int64)
+        best = np.full(len(points), np.inf)
+        best[0] = 0.0
+        previous = np.zeros(len(points), dtype=np.int64)
+        for index in range(1, len(points)):
+            end = points[index]
+            size = self.prefix[end] - self.prefix[points[:index]]
+            cost = (
+                best[:index]
+                + size * size / self.total
+                + crossing_weight * self.crossing[end]
+                + self.per_segment
+            )
+            start = int(np.argmin(cost))
+            best[index] = cost[start]
+            previous[index] = start
+        chosen = [len(points) - 1]
+        while chosen[-1] > 0:
+            chosen.append(int(previous[chosen[-1]]))
+        return [int(points[i]) for i in reversed(chosen)]
 
 
 def _build_segments(

@@ -20,7 +20,8 @@ NOTE [Exact resume]
 scheduler and gradient-scaler states and the torch/numpy/Python random states. Batch order comes
 from ``iterate_batches(seed=seed + epoch)`` and planning runs under ``torch.random.fork_rng``, so
 a run that is stopped after epoch k and resumed draws exactly the dropout masks and batches the
-uninterrupted run would have: the weights come out equal.
+uninterrupted run would have: the weights come out equal. With several ranks (NOTE [Distributed
+training] in :mod:`autockpt.distributed`) rank 0 saves every rank's random states.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import torch
 
 import autockpt
 from autockpt.config import TrainConfig
+from autockpt.distributed import agree_on_plan, plan_digest, rank_slice, wrap
 from autockpt.errors import DeviceError
 from autockpt.memory import MemoryTracker, tensors_of
 from autockpt.prepare import Setup, autocast, make_plan, seed_everything
@@ -85,7 +87,11 @@ class Evaluation:
 
 
 def evaluate(setup: Setup, dataset: WindowDataset, *, max_batches: int | None) -> Evaluation | None:
-    """Metrics of the (unplanned) model on ``dataset`` without autograd; None when empty."""
+    """Metrics of the (unplanned) model on ``dataset`` without autograd; None when empty.
+
+    With several ranks each evaluates its share of every global batch and the sums are added
+    up, so every rank gets the metrics one process would over the same windows.
+    """
     if len(dataset) == 0:
         return None
     model, quantiles = setup.model, setup.model_config.quantiles
@@ -95,9 +101,14 @@ def evaluate(setup: Setup, dataset: WindowDataset, *, max_batches: int | None) -
     num_windows = num_values = 0
     was_training = model.training
     model.eval()
-    batches = iterate_batches(dataset, setup.batch_size, shuffle=False, seed=0, drop_last=False)
+    batches = iterate_batches(
+        dataset, setup.global_batch_size, shuffle=False, seed=0, drop_last=False
+    )
     with torch.no_grad(), autocast(setup):
-        for batch in islice(batches, max_batches):
+        for global_batch in islice(batches, max_batches):
+            batch = rank_slice(global_batch, setup.world)
+            if len(batch.target) == 0:
+                continue
             inputs = tuple(t.to(setup.device) for t in batch.inputs())
             target = batch.target.to(setup.device)  # (B, H)
             prediction = model(*inputs).float()  # (B, H, Q)
@@ -110,6 +121,11 @@ def evaluate(setup: Setup, dataset: WindowDataset, *, max_batches: int | None) -
             num_windows += len(target)
             num_values += target.numel()
     model.train(was_training)
+    if setup.world.is_distributed:
+        by_rank = setup.world.all_gather((totals, num_windows, num_values))
+        totals = {key: sum(rank_totals[key] for rank_totals, _, _ in by_rank) for key in totals}
+        num_windows = sum(windows for _, windows, _ in by_rank)
+        num_values = sum(values for _, _, values in by_rank)
     return Evaluation(
         loss=totals["loss"] / num_windows,
         mae=totals["abs"] / num_values,
@@ -147,12 +163,13 @@ class Trainer:
         self.reporter = reporter
         self.config = setup.config
         self.model = setup.model
+        self.world = setup.world
         self.plan = setup.plan
-        self.planned = autockpt.apply(self.model, self.plan)
+        self.planned = wrap(autockpt.apply(self.model, self.plan), self.world, setup.device)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.config.lr, weight_decay=self.config.weight_decay
         )
-        num_batches = len(setup.data.train) // setup.batch_size
+        num_batches = len(setup.data.train) // setup.global_batch_size
         assert num_batches > 0, "prepare() checks there is a full batch"
         self.steps_per_epoch = min(num_batches, self.config.max_steps_per_epoch or num_batches)
         factor = learning_rate_factor(self.config, self.steps_per_epoch * self.config.epochs)
@@ -166,7 +183,10 @@ class Trainer:
 
     # -------------------------------------------------------------- saving and resuming
 
-    def checkpoint(self, *, full: bool) -> dict[str, Any]:
+    def checkpoint(
+        self, *, full: bool, rng_by_rank: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """What ``best.pt`` (not ``full``) or ``last.pt`` (``full``, with every rank's RNG) holds."""
         data = self.setup.data
         checkpoint: dict[str, Any] = {
             "format": CHECKPOINT_FORMAT,
@@ -177,13 +197,16 @@ class Trainer:
             "epoch": self.state.epoch,
             "global_step": self.state.global_step,
             "best_val_loss": self.state.best_val_loss,
+            "world_size": self.world.world_size,
         }
         if full:
+            assert rng_by_rank is not None, "a full checkpoint saves the random states"
             checkpoint.update(
                 optimizer=self.optimizer.state_dict(),
                 scheduler=self.scheduler.state_dict(),
                 scaler=self.scaler.state_dict() if self.scaler is not None else None,
-                rng=capture_rng_state(),
+                rng=rng_by_rank[0],
+                rng_by_rank=rng_by_rank,
                 epochs_without_improvement=self.state.epochs_without_improvement,
                 planning_budget_bytes=self.state.planning_budget_bytes,
                 num_replans=self.state.num_replans,
@@ -210,7 +233,8 @@ class Trainer:
         tightened = self.state.planning_budget_bytes
         if tightened is not None and tightened < self.plan.budget_bytes:
             self.use_plan_for(tightened)
-        restore_rng_state(checkpoint["rng"])
+        by_rank = checkpoint.get("rng_by_rank") or [checkpoint["rng"]]
+        restore_rng_state(by_rank[self.world.rank])
 
     # -------------------------------------------------------------- the run
 
@@ -223,6 +247,7 @@ class Trainer:
             first_epoch=self.state.epoch,
             steps_per_epoch=self.steps_per_epoch,
         )
+        self.record_plan_agreement()
         stopped = "finished" if self.state.epoch < config.epochs else "already finished"
         while self.state.epoch < config.epochs:
             if self.state.epochs_without_improvement >= config.patience:
@@ -230,7 +255,8 @@ class Trainer:
                 break
             self.run_epoch()
         summary = self.summary(stopped)
-        self.run.append_metrics([summary])
+        if self.world.is_main:
+            self.run.append_metrics([summary])
         self.reporter.finish(summary)
         return summary
 
@@ -240,13 +266,16 @@ class Trainer:
         started = time.perf_counter()
         batches = iterate_batches(
             setup.data.train,
-            setup.batch_size,
+            setup.global_batch_size,
             shuffle=True,
             seed=config.seed + epoch_index,
             drop_last=True,
         )
         losses, epoch_peak = [], 0
-        for step_in_epoch, batch in enumerate(islice(batches, self.steps_per_epoch), start=1):
+        for step_in_epoch, global_batch in enumerate(
+            islice(batches, self.steps_per_epoch), start=1
+        ):
+            batch = rank_slice(global_batch, self.world)
             inputs = tuple(t.to(setup.device) for t in batch.inputs())
             target = batch.target.to(setup.device)
             lr = self.scheduler.get_last_lr()[0]
@@ -265,7 +294,7 @@ class Trainer:
                 "loss": loss,
                 "lr": lr,
                 "step_s": step_s,
-                "samples_per_s": len(target) / step_s,
+                "samples_per_s": len(global_batch.target) / step_s,
                 "peak_bytes": peak_bytes,
                 "budget_bytes": self.budget_bytes,
             }
@@ -305,19 +334,25 @@ class Trainer:
             "val_windows": evaluation.num_windows if evaluation else 0,
             "epoch_s": epoch_s,
         }
-        if improved:
-            self.run.save_checkpoint(BEST_FILE, self.checkpoint(full=False))
-        self.run.save_checkpoint(LAST_FILE, self.checkpoint(full=True))
-        self.run.append_metrics([*self.pending, record])
+        rng_by_rank = self.world.all_gather(capture_rng_state())
+        if self.world.is_main:
+            if improved:
+                self.run.save_checkpoint(BEST_FILE, self.checkpoint(full=False))
+            self.run.save_checkpoint(LAST_FILE, self.checkpoint(full=True, rng_by_rank=rng_by_rank))
+            self.run.append_metrics([*self.pending, record])
         self.pending = []
         self.reporter.epoch(record)
 
     def step(self, inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> tuple[float, int]:
-        """One optimizer step; returns (loss, peak bytes by NOTE [Enforcing the budget])."""
+        """One optimizer step; returns (loss, peak bytes by NOTE [Enforcing the budget]).
+
+        With several ranks the loss is the mean over the ranks (the global batch's loss) and
+        the peak the largest, so every rank makes the same re-plan decision.
+        """
         with self.memory_measure(inputs, target) as measure:
             loss = self.forward_backward_with_retries(inputs, target)
             self.optimizer_step()
-        return loss, measure.peak_bytes
+        return self.world.mean(loss), self.world.max(measure.peak_bytes)
 
     def forward_backward_with_retries(
         self, inputs: tuple[torch.Tensor, ...], target: torch.Tensor
@@ -333,6 +368,14 @@ class Trainer:
             except torch.OutOfMemoryError:
                 if self.setup.device.type != "cuda":
                     raise
+                if self.world.is_distributed:
+                    # The other ranks are waiting in DDP's all-reduce; a retry here would not
+                    # meet them, so the run stops and is resumed with a lower budget.
+                    raise DeviceError(
+                        f"CUDA ran out of memory on rank {self.world.rank} at step "
+                        f"{self.state.global_step + 1}; lower --vram-budget or --batch-size, then "
+                        f"continue the run with --resume {self.run.path}"
+                    ) from None
                 self.optimizer.zero_grad(set_to_none=True)
                 gc.collect()
                 torch.cuda.empty_cache()
@@ -360,8 +403,11 @@ class Trainer:
             def loss_fn(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
                 return scaler.scale(unscaled(prediction, target))
 
+        no_sync = getattr(self.planned, "no_sync", None)
         with autocast(self.setup):
-            loss = autockpt.training_step(self.planned, self.plan, inputs, (target,), loss_fn)
+            loss = autockpt.training_step(
+                self.planned, self.plan, inputs, (target,), loss_fn, no_sync=no_sync
+            )
         return float(loss.item()) / scale
 
     def optimizer_step(self) -> None:
@@ -376,7 +422,10 @@ class Trainer:
         else:
             self.optimizer.step()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        # Under DDP the gradients are views of its buckets; zeroing them in place keeps them
+        # there, where dropping them would make the micro-batches under no_sync accumulate
+        # into fresh tensors and hold a second copy of every gradient.
+        self.optimizer.zero_grad(set_to_none=not self.world.is_distributed)
 
     # -------------------------------------------------------------- memory
 
@@ -441,22 +490,42 @@ class Trainer:
             f"{self.plan.num_recomputed} segments recomputed, "
             f"{self.plan.num_micro_batches} micro-batches)"
         )
+        self.record_plan_agreement()
 
     def use_plan_for(self, budget_bytes: int) -> None:
         """Plan for ``budget_bytes`` and train with that plan (same parameters, new wrapping)."""
         setup = self.setup
-        self.plan = make_plan(
-            self.model,
-            setup.example_inputs,
-            parse_budget(budget_bytes),
-            loss_fn=setup.loss_fn,
-            device=setup.device,
-            config=self.config,
-            autocast_dtype=setup.autocast_dtype,
+        self.plan = agree_on_plan(
+            self.world,
+            lambda: make_plan(
+                self.model,
+                setup.example_inputs,
+                parse_budget(budget_bytes),
+                loss_fn=setup.loss_fn,
+                device=setup.device,
+                config=self.config,
+                autocast_dtype=setup.autocast_dtype,
+            ),
         )
-        self.planned = autockpt.apply(self.model, self.plan)
+        self.planned = wrap(autockpt.apply(self.model, self.plan), self.world, setup.device)
         self.state.planning_budget_bytes = budget_bytes
-        self.run.write_plan(self.plan.model_dump_json(indent=2))
+        if self.world.is_main:
+            self.run.write_plan(self.plan.model_dump_json(indent=2))
+
+    def record_plan_agreement(self) -> None:
+        """Log which plan each rank runs (their digests must be equal), when there are ranks."""
+        if not self.world.is_distributed:
+            return
+        digests = self.world.all_gather(plan_digest(self.plan))
+        assert len(set(digests)) == 1, f"the ranks run different plans: {digests}"
+        record = {
+            "kind": "event",
+            "step": self.state.global_step,
+            "message": f"{self.world.world_size} ranks run plan {digests[0]}",
+            "plan_digest_by_rank": digests,
+        }
+        self.pending.append(record)
+        self.reporter.event(record)
 
     def event(self, message: str) -> None:
         record = {"kind": "event", "step": self.state.global_step, "message": message}
@@ -481,6 +550,7 @@ class Trainer:
             "memory_measure": "CUDA reserved + context" if on_cuda else "tracked tensor bytes",
             "mean_step_s": sum(seconds) / len(seconds) if seconds else 0.0,
             "num_replans": self.state.num_replans,
+            "world_size": self.world.world_size,
         }
 
 
@@ -500,5 +570,6 @@ def train(
     if checkpoint is not None:
         trainer.restore(checkpoint)
     else:
-        seed_everything(setup.config.seed)
+        # Each rank draws its own dropout masks; rank 0's stream is the single process's.
+        seed_everything(setup.config.seed + setup.world.rank)
     return trainer.fit()

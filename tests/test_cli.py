@@ -219,7 +219,11 @@ BAD_INPUTS = [
     pytest.param(["--vram-budget=-1GB"], "budget '-1GB' is negative", id="budget-negative"),
     pytest.param(["--vram-budget", "0"], "budget '0' is zero", id="budget-zero"),
     pytest.param(["--vram-budget", ""], "budget is empty", id="budget-empty"),
-    pytest.param(["--preset", "huge"], "is not a preset (preset: model size, one of tiny, small, tft-225", id="preset"),
+    pytest.param(
+        ["--preset", "huge"],
+        "is not a preset (preset: model size, one of tiny, small, tft-225",
+        id="preset",
+    ),
     pytest.param(["--epochs", "0"], "--epochs = 0 is invalid", id="epochs"),
     pytest.param(["--precision", "fp8"], "--precision = 'fp8' is invalid", id="precision"),
     pytest.param(["--target", "nope"], "no target column 'nope'", id="target-column"),

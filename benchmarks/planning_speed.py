@@ -1,0 +1,213 @@
+"""How long ``autockpt.plan`` takes per TFT preset, and where the time goes.
+
+For each preset, at its own batch size, ``plan()`` runs ``--repeats`` times at each of three
+budgets: unlimited (nothing to recompute: the fast path), and 50% and 25% of the unplanned peak
+(chunks and micro-batches searched). Reported: the median wall time of the call, the median
+``plan.planning_s`` it reports, and the median seconds in each stage. Stages are timed by
+wrapping the functions ``autockpt.plan`` calls (in this process only, nothing is edited):
+
+* trace: ``trace_model`` (torch.fx);
+* calibrate: the device's time model (measured once per process, so only the first call pays);
+* measure: ``profile_step``, fake-tensor steps of the model (each plan needs several);
+* separability: ``analyse_separability``, small real runs that decide chunks and micro-batches;
+* solve: ``solve`` and ``minimum_peak``, the chain solver;
+* other: the rest (building chains, the Plan).
+
+    python benchmarks/planning_speed.py [--presets tiny,small,tft-225] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import autockpt
+from tft.config import PRESET_NAMES, get_preset
+from tft.loss import quantile_loss
+from tft.model import TemporalFusionTransformer
+
+#: The functions of ``autockpt.plan`` timed, by the stage they belong to.
+STAGES = {
+    "trace_model": "trace",
+    "calibrate": "calibrate",
+    "profile_step": "measure",
+    "analyse_separability": "separability",
+    "solve": "solve",
+    "minimum_peak": "solve",
+}
+STAGE_NAMES = ("trace", "calibrate", "measure", "separability", "solve", "other")
+BUDGETS = (("unlimited", None), ("50%", 0.5), ("25%", 0.25))
+
+
+@contextmanager
+def stage_timers() -> Iterator[dict[str, float]]:
+    """Seconds spent in each stage while active (the plan module's names are wrapped)."""
+    seconds: dict[str, float] = defaultdict(float)
+    # The module, not the function ``autockpt.plan`` that the package exports under its name.
+    plan_module = importlib.import_module("autockpt.plan")
+    originals = {name: getattr(plan_module, name) for name in STAGES if hasattr(plan_module, name)}
+
+    def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                seconds[STAGES[name]] += time.perf_counter() - started
+
+        return wrapper
+
+    for name, function in originals.items():
+        setattr(plan_module, name, timed(name, function))
+    try:
+        yield seconds
+    finally:
+        for name, function in originals.items():
+            setattr(plan_module, name, function)
+
+
+def time_plan(
+    model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], budget: int, loss_fn: Any
+) -> dict[str, Any]:
+    with stage_timers() as seconds:
+        started = time.perf_counter()
+        try:
+            plan = autockpt.plan(model, inputs, budget, loss_fn=loss_fn)
+            outcome = (
+                f"{plan.num_recomputed} recomputed, "
+                f"{sum(s.num_chunks > 1 for s in plan.segments)} chunked, "
+                f"{plan.num_micro_batches} micro-batches"
+            )
+            planning_s = plan.planning_s
+        except autockpt.InfeasibleBudgetError as error:
+            minimum = autockpt.format_bytes(error.minimum_bytes)
+            outcome, planning_s = f"infeasible (minimum {minimum})", None
+        wall_s = time.perf_counter() - started
+    stages = dict(seconds)
+    stages["other"] = max(wall_s - sum(stages.values()), 0.0)
+    return {"wall_s": wall_s, "planning_s": planning_s, "stages": stages, "outcome": outcome}
+
+
+def bench_preset(name: str, repeats: int) -> list[dict[str, Any]]:
+    config = get_preset(name)
+    torch.manual_seed(0)
+    model = TemporalFusionTransformer(config).train()
+    inputs = model.example_inputs(config.batch_size, generator=torch.Generator().manual_seed(0))
+
+    def loss_fn(prediction: torch.Tensor) -> torch.Tensor:
+        return quantile_loss(
+            prediction, prediction.new_zeros(prediction.shape[:2]), config.quantiles
+        )
+
+    first = time_plan(model, inputs, 2**50, loss_fn)
+    unplanned = autockpt.plan(model, inputs, 2**50, loss_fn=loss_fn).unplanned_peak_bytes
+    rows = []
+    for label, fraction in BUDGETS:
+        budget = 2**50 if fraction is None else int(fraction * unplanned)
+        runs = [time_plan(model, inputs, budget, loss_fn) for _ in range(repeats)]
+        planning = [r["planning_s"] for r in runs if r["planning_s"] is not None]
+        rows.append(
+            {
+                "preset": name,
+                "batch_size": config.batch_size,
+                "budget": label,
+                "budget_bytes": budget,
+                "outcome": runs[-1]["outcome"],
+                "wall_s": [r["wall_s"] for r in runs],
+                "median_wall_s": statistics.median(r["wall_s"] for r in runs),
+                "median_planning_s": statistics.median(planning) if planning else None,
+                "median_stage_s": {
+                    stage: statistics.median(r["stages"].get(stage, 0.0) for r in runs)
+                    for stage in STAGE_NAMES
+                },
+                "first_call_wall_s": first["wall_s"] if fraction is None else None,
+                "first_call_stage_s": first["stages"] if fraction is None else None,
+            }
+        )
+    return rows
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    heads = [
+        "preset",
+        "batch",
+        "budget",
+        "plan() wall (median)",
+        "plan.planning_s",
+        *STAGE_NAMES,
+        "chosen",
+    ]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for row in rows:
+        planning = row["median_planning_s"]
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    row["preset"],
+                    str(row["batch_size"]),
+                    row["budget"],
+                    f"{row['median_wall_s']:.2f} s",
+                    "-" if planning is None else f"{planning:.2f} s",
+                    *(f"{row['median_stage_s'][stage]:.2f}" for stage in STAGE_NAMES),
+                    row["outcome"],
+                ]
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Time autockpt.plan per TFT preset.")
+    parser.add_argument(
+        "--presets", default=",".join(PRESET_NAMES), help="comma-separated presets (default: all)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="plan() calls per budget")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    load_before = os.getloadavg()
+    rows = [row for preset in presets for row in bench_preset(preset, args.repeats)]
+    load_after = os.getloadavg()
+    print(
+        f"autockpt.plan on the CPU, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"{args.repeats} calls per budget; load average "
+        f"{'/'.join(f'{x:.1f}' for x in load_before)} before, "
+        f"{'/'.join(f'{x:.1f}' for x in load_after)} after"
+    )
+    first = [r for r in rows if r["first_call_wall_s"] is not None]
+    for row in first:
+        stages = ", ".join(f"{k} {v:.2f} s" for k, v in row["first_call_stage_s"].items())
+        print(
+            f"{row['preset']}: first plan() of the preset (unlimited budget): "
+            f"{row['first_call_wall_s']:.2f} s ({stages})"
+        )
+    print()
+    print(markdown_table(rows))
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps({"rows": rows, "load": [load_before, load_after]}, indent=2) + "\n"
+        )
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
