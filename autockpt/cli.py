@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from autockpt.errors import AutockptError, ConfigError
+from autockpt.errors import AutockptError, ConfigError, InfeasibleBudgetError
 from autockpt.units import format_bytes
 
 if TYPE_CHECKING:  # the commands import torch lazily, so --help stays fast
@@ -389,9 +389,13 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     if config.vram_budget is None:
         # Show the planner at work: half of what the step takes with nothing recomputed.
         unplanned = prepare(config).plan
-        target = max(
-            unplanned.unplanned_peak_bytes // 2, int(unplanned.minimum_feasible_bytes * 1.1)
-        )
+        try:
+            # A one-byte budget makes the planner examine everything and say its minimum.
+            prepare(config.with_updates(vram_budget="1"))
+            minimum = 1
+        except InfeasibleBudgetError as error:
+            minimum = error.minimum_bytes
+        target = max(unplanned.unplanned_peak_bytes // 2, int(minimum * 1.1))
         if not config.quiet:
             console.print(
                 f"demo: the step takes {format_bytes(unplanned.unplanned_peak_bytes)} with "
