@@ -26,7 +26,9 @@ Going along the chain, a partial choice for segments 0..i-1 matters to the rest 
 a larger cost can never lead to a better plan, so only the Pareto frontier of ``(S_i, cost)``
 pairs is carried from segment to segment; a choice that would put any segment over the budget is
 dropped when it is made. At the end the cheapest surviving choice is optimal for the chain
-model: the recurrence is exact. The same recurrence with "cost" read as "highest peak so far"
+model: the recurrence is exact. An option may span several segments (a region recomputed as
+one unit); it carries a partial choice from the frontier before its first segment to the one
+after its last, so frontiers are kept per segment boundary. The same recurrence with "cost" read as "highest peak so far"
 gives the smallest budget any choice can meet. A frontier larger than ``MAX_FRONTIER`` is
 thinned by keeping, per band of ``S`` values, the cheapest choice, charged with the band's top
 ``S`` (conservative: a thinned plan may cost more than the optimum, never exceed the budget).

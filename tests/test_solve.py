@@ -219,3 +219,53 @@ def test_thinned_frontier_never_exceeds_the_budget(chain: Chain, budget_bytes: i
     assert expected is not None
     assert evaluate(chain, solution.choice).peak_bytes <= solution.peak_bytes <= budget_bytes
     assert solution.extra_s >= expected.extra_s or math.isclose(solution.extra_s, expected.extra_s)
+
+
+@st.composite
+def spanning_chains(draw: st.DrawFn) -> Chain:
+    """Chains where some options cover several segments (a region recomputed as one)."""
+    count = draw(st.integers(min_value=1, max_value=5))
+    rows = []
+    for position in range(count):
+        row = list(draw(st.lists(options, min_size=1, max_size=3)))
+        if position < count - 1 and draw(st.booleans()):
+            span = draw(st.integers(min_value=2, max_value=count - position))
+            row.append(dataclasses.replace(draw(options), span=span))
+        rows.append(tuple(row))
+    return Chain(
+        start_bytes=draw(byte_counts),
+        options=tuple(rows),
+        loss_bytes=draw(byte_counts),
+        fixed_peak_bytes=draw(st.integers(min_value=0, max_value=150)),
+    )
+
+
+def spanning_solutions(chain: Chain) -> list[Solution]:
+    """Every choice of a chain with spanning options, evaluated (covered positions get -1)."""
+    found: list[Solution] = []
+
+    def extend(position: int, choice: tuple[int, ...]) -> None:
+        if position == len(chain.options):
+            found.append(evaluate(chain, choice))
+            return
+        for index, option in enumerate(chain.options[position]):
+            end = position + option.span
+            if end <= len(chain.options):
+                extend(end, (*choice, index, *(-1,) * (option.span - 1)))
+
+    extend(0, ())
+    return found
+
+
+@FAST
+@given(spanning_chains(), budgets)
+def test_solve_matches_brute_force_with_spanning_options(chain: Chain, budget_bytes: int) -> None:
+    fitting = [s for s in spanning_solutions(chain) if s.peak_bytes <= budget_bytes]
+    got = solve(chain, budget_bytes)
+    if not fitting:
+        assert got is None
+        return
+    assert got is not None
+    assert evaluate(chain, got.choice).peak_bytes <= budget_bytes
+    assert math.isclose(got.extra_s, min(s.extra_s for s in fitting), abs_tol=1e-9)
+    assert minimum_peak(chain).peak_bytes == min(s.peak_bytes for s in spanning_solutions(chain))
