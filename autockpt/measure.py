@@ -27,11 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from autockpt.fake import fake_copy
 from autockpt.memory import MemoryTracker, RealSizeOracle, flat_tensors, tensors_of
 from autockpt.segmented import (
     SegmentAction,
@@ -222,10 +220,10 @@ class FakeTrainingState:
 
     def __init__(self, traced: TracedModel, *, optimizer: OptimizerSpec = "adamw") -> None:
         self.traced = traced
-        self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.mode = traced.fake_mode
         with self.mode, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.model = fake_copy(traced.graph_module, self.mode)
+            self.model = traced.fake_module
             self.parameters = list(self.model.parameters())
             self.optimizer = make_optimizer(optimizer, self.parameters)
             self.step_extra_bytes = 0

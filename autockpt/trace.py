@@ -94,6 +94,10 @@ class TracedModel:
         regions: runs of segments that may be recomputed as one, as ``(first, end)`` segment
             indices covering the chain in order (NOTE [Cut points]).
         region_segments: each region as one segment.
+        fake_module: a copy of ``graph_module`` on fake tensors of ``fake_mode`` (see
+            :func:`autockpt.fake.fake_copy`), made once here for the sizes and reused by
+            every measurement (copying a large graph module is not free).
+        fake_mode: the fake tensor mode of ``fake_module``.
     """
 
     graph_module: fx.GraphModule
@@ -102,6 +106,8 @@ class TracedModel:
     storage_owner: dict[str, str]
     regions: tuple[tuple[int, int], ...]
     region_segments: tuple[Segment, ...]
+    fake_module: fx.GraphModule
+    fake_mode: FakeTensorMode
 
 
 #: How many submodules that do not trace may be kept whole before the model counts as untraceable.
@@ -142,7 +148,9 @@ def trace_model(
     """
     graph = trace_graph(model)
     graph_module = fx.GraphModule(model, graph, class_name=f"Traced{type(model).__name__}")
-    node_bytes, owners = node_output_bytes(graph_module, example_inputs)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_module = fake_copy(graph_module, fake_mode)
+    node_bytes, owners = node_output_bytes(fake_module, fake_mode, example_inputs)
     compute_nodes = [n for n in graph.nodes if n.op in COMPUTE_OPS]
     if not compute_nodes:
         raise TraceError(f"{type(model).__name__} has no operations to plan")
@@ -163,6 +171,8 @@ def trace_model(
         storage_owner=owners,
         regions=regions,
         region_segments=_build_segments(graph, compute_nodes, region_bounds),
+        fake_module=fake_module,
+        fake_mode=fake_mode,
     )
 
 
@@ -194,16 +204,15 @@ def trace_graph(model: torch.nn.Module) -> fx.Graph:
 
 
 def node_output_bytes(
-    graph_module: fx.GraphModule, example_inputs: Sequence[torch.Tensor]
+    fake_module: fx.GraphModule, mode: FakeTensorMode, example_inputs: Sequence[torch.Tensor]
 ) -> tuple[dict[str, int], dict[str, str]]:
     """New storage bytes of each node's output, and for views the node owning their storage.
 
-    Measured by a forward pass on fake tensors.
+    Measured by a forward pass of ``fake_module`` (on fake tensors of ``mode``) under no_grad.
     """
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with mode, warnings.catch_warnings():
+    with mode, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        interpreter = _SizeInterpreter(fake_copy(graph_module, mode))
+        interpreter = _SizeInterpreter(fake_module)
         interpreter.run(*[mode.from_tensor(x) for x in example_inputs])
     return interpreter.sizes, interpreter.owners
 
