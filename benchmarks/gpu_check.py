@@ -543,13 +543,11 @@ def _with_entry(detail: str, report: dict[str, Any]) -> str:
 
 
 def _row_summary(row: dict[str, Any]) -> str:
+    if row["failed"]:
+        return f"{row['strategy']}: {row['failed']}"
     held = {True: "held", False: "NOT held", None: "?"}[row["budget_held"]]
     ratio = row["ratio_to_no_checkpointing"]
-    return (
-        f"{row['strategy']}: {held}"
-        + (f", {ratio:.2f}x time" if ratio is not None else "")
-        + (f", {row['failed']}" if row["failed"] else "")
-    )
+    return f"{row['strategy']}: {held}" + (f", {ratio:.2f}x time" if ratio is not None else "")
 
 
 def _gib(num_bytes: int | None) -> str:

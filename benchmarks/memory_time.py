@@ -349,8 +349,10 @@ def timed_step(strategy: Strategy, work: Workload) -> float:
 
 
 def _compile_within(strategy: Strategy, work: Workload, seconds: float) -> None:
+    started = time.perf_counter()
     with time_limit(seconds):
         strategy.step(work)
+    strategy.notes.append(f"first step, compiling: {time.perf_counter() - started:.1f} s")
 
 
 def _timed_into(strategy: Strategy, work: Workload) -> None:
