@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +99,7 @@ def analyse_separability(
         torch.random.fork_rng(devices=[]),
         torch.no_grad(),
         contextlib.redirect_stderr(io.StringIO()),
+        _one_cpu_thread(),
     ):
         for size in PROBE_BATCHES:
             capture = _Capture()
@@ -164,6 +165,18 @@ def analyse_separability(
     return Separability(
         tuple(chunkable), tuple(input_dims), tuple(output_dims), micro_batchable, reason
     )
+
+
+@contextlib.contextmanager
+def _one_cpu_thread() -> Iterator[None]:
+    """Run the probe's small CPU ops on one thread: with more, OpenMP's spin-waiting made the
+    probe ten times slower whenever another process shared the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _segment_module(segmented: torch.nn.Module, index: int) -> Any:

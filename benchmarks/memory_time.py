@@ -41,6 +41,7 @@ import os
 import platform
 import signal
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -710,6 +711,29 @@ def machine_name() -> str:
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
+def source_version() -> str:
+    """The checkout's commit, and whether files differ from it (numbers depend on the code)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--", "autockpt", "tft"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return f"{commit} with uncommitted changes" if changed else commit
+
+
 def report(
     args: argparse.Namespace,
     work: Workload,
@@ -739,6 +763,7 @@ def report(
         "load_average_after": loads[1],
         "batch_search": batch_search,
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "source": source_version(),
     }
     return {"meta": meta, "rows": rows}
 
@@ -750,6 +775,7 @@ def print_report(result: dict[str, Any]) -> None:
         f"{meta['device']} ({meta['machine']}), {meta['threads']} threads, torch {meta['torch']}, "
         f"{meta['steps']} timed steps per strategy"
     )
+    print(f"source: {meta['source']}")
     print(
         f"unplanned peak: {_mib(meta['unplanned_peak_bytes'])}; load average "
         f"{'/'.join(f'{x:.1f}' for x in meta['load_average_before'])} before, "
