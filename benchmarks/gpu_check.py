@@ -264,7 +264,7 @@ class Check:
             *files,
         ]
         code, seconds = run_logged(command, log, self.timeout_s)
-        summary = tail(log, 1)
+        summary = tail(log, 1).strip("= ")
         if code is None:
             status = "failed"
             summary = f"timed out after {self.timeout_s:.0f} s"

@@ -431,7 +431,8 @@ def largest_fitting_batch(
         )
         return True
 
-    small, large = granularity, 4 * granularity
+    # Both probes past the largest micro-batch count, where the minimum grows with the batch.
+    small, large = 4 * granularity, 16 * granularity
     low_minimum, high_minimum = (
         minimum_bytes(work, inputs_at(small)),
         minimum_bytes(work, inputs_at(large)),
