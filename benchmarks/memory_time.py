@@ -25,7 +25,8 @@ the dispatcher, so tracked bytes cannot see it: the CPU table shows ``n/a`` for 
     python benchmarks/memory_time.py --preset tft-225 --device cuda --batch-size-for 4GiB
 
 ``--batch-size-for BUDGET`` first searches for the largest batch (a multiple of
-``--batch-granularity``) that the planner says fits BUDGET on the device, then benchmarks it,
+``--batch-granularity``, found by bisection) that the planner says fits BUDGET on the device,
+then benchmarks it,
 with autockpt at BUDGET among the strategies.
 """
 
@@ -166,6 +167,7 @@ class Strategy:
     predicted_peak_bytes: int | None = None
     planning_s: float | None = None
     compile_budget: float | None = None
+    """For torch.compile strategies, the activation memory budget its backend compiles with."""
     notes: list[str] = field(default_factory=list)
     measured: dict[str, int] = field(default_factory=dict)
     step_s: list[float] = field(default_factory=list)
@@ -174,24 +176,10 @@ class Strategy:
     def step(self, work: Workload) -> None:
         """One training step: forward and backward over the plan's pieces, then AdamW."""
         self.optimizer.zero_grad(set_to_none=True)
-        with self._compile_config():
-            autockpt.training_step(
-                self.runner,
-                self.plan,
-                work.inputs,
-                (work.target,),
-                work.loss,
-                loss_reduction="mean",
-            )
+        autockpt.training_step(
+            self.runner, self.plan, work.inputs, (work.target,), work.loss, loss_reduction="mean"
+        )
         self.optimizer.step()
-
-    @contextmanager
-    def _compile_config(self) -> Iterator[None]:
-        if self.compile_budget is None:
-            yield
-            return
-        with torch._functorch.config.patch(activation_memory_budget=self.compile_budget):
-            yield
 
 
 def _fresh_copy(work: Workload) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -407,11 +395,13 @@ def run_guarded(strategy: Strategy, work: Workload, action: Callable[[], Any]) -
 def largest_fitting_batch(
     work: Workload, budget: str, granularity: int, limit: int = 1 << 16
 ) -> tuple[int, list[str]]:
-    """The largest multiple of ``granularity`` whose step the planner says fits ``budget``.
+    """A large multiple of ``granularity`` whose step the planner says fits ``budget``.
 
     The minimum feasible budget grows about linearly with the batch, so two probes give an
     estimate; bisection between multiples that fit and do not fit settles it. Feasibility is
-    not strictly monotone (micro-batch counts must divide the batch), hence multiples only.
+    not monotone in the batch (the planner only tries micro-batch counts that divide it: at
+    3 MiB tiny fits at 224 and 416 but not at 232), so searching multiples of a power of two
+    helps, and the answer is the largest the bisection saw, not a proven maximum.
     """
     log: list[str] = []
     budget_bytes = autockpt.parse_budget(budget, device=work.device).bytes
@@ -812,7 +802,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--batch-size-for",
         metavar="BUDGET",
-        help="use the largest batch the planner says fits BUDGET (e.g. 4GiB)",
+        help="use the largest batch (by bisection) the planner says fits BUDGET (e.g. 4GiB)",
     )
     parser.add_argument(
         "--batch-granularity",
