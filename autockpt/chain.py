@@ -55,6 +55,8 @@ class Decision:
     actions: list[SegmentAction]
     reasons: list[str]
     num_micro_batches: int
+    spans: list[tuple[int, int]]
+    """For each segment run, the chain positions ``(first, end)`` it covers."""
 
 
 class ChainBuilder:
@@ -165,7 +167,7 @@ class ChainBuilder:
     ) -> Decision:
         """The segments to run (regions merged where an option spans them) and their actions."""
         node_lists: list[tuple[str, ...]] = []
-        actions, reasons = [], []
+        actions, reasons, spans = [], [], []
         position = 0
         while position < len(chain.options):
             option = chain.options[position][solution.choice[position]]
@@ -190,18 +192,25 @@ class ChainBuilder:
                 )
             )
             reasons.append(option.label)
+            spans.append((position, end))
             position = end
         graph: fx.Graph = self.traced.graph_module.graph
         segments = list(segments_from_node_lists(graph, node_lists))
-        return Decision(segments, actions, reasons, num_micro_batches)
+        return Decision(segments, actions, reasons, num_micro_batches, spans)
+
+
+def kept_increments(profile: StepProfile) -> list[int]:
+    """Bytes each segment of a profile leaves alive for later ones (``kept_bytes``)."""
+    starts = [profile.start_bytes, *(s.end_bytes for s in profile.segments[:-1])]
+    return [s.end_bytes - start for s, start in zip(profile.segments, starts, strict=True)]
 
 
 def _terms(profile: StepProfile) -> dict[str, list[float]]:
     """Per-segment increments of a profile (NOTE [Chain memory model])."""
-    kept, forward, backward, io = [], [], [], []
+    kept = [float(b) for b in kept_increments(profile)]
+    forward, backward, io = [], [], []
     previous_end = profile.start_bytes
     for segment in profile.segments:
-        kept.append(float(segment.end_bytes - previous_end))
         forward.append(float(max(segment.forward_peak_bytes - previous_end, 0)))
         backward.append(float(max(segment.backward_peak_bytes - previous_end, 0)))
         io.append(float(segment.input_bytes + segment.output_bytes))

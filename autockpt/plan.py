@@ -33,7 +33,13 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from autockpt.chain import ChainBuilder, Decision, Profiles, micro_batch_counts
+from autockpt.chain import (
+    ChainBuilder,
+    Decision,
+    Profiles,
+    kept_increments,
+    micro_batch_counts,
+)
 from autockpt.errors import InfeasibleBudgetError
 from autockpt.measure import (
     FakeTrainingState,
@@ -335,6 +341,7 @@ def _plan(
             [SegmentAction(recompute=use_gradient_checkpointing)] * len(traced.segments),
             ["forced by use_gradient_checkpointing"] * len(traced.segments),
             1,
+            [(i, i + 1) for i in range(len(traced.segments))],
         )
         final = whole.recomputed if use_gradient_checkpointing else kept
         minimum = minimum_peak(builder.chain(whole, None, 1, None)).peak_bytes
@@ -500,25 +507,12 @@ class _Search:
 
 def _segment_plans(builder: ChainBuilder, whole: Profiles, decision: Decision) -> list[SegmentPlan]:
     """Report rows: each run segment (a merged region counts as one) with its numbers."""
-    fine = builder.traced.segments
-    first_node = {segment.node_names[0]: segment.index for segment in fine}
-    kept_terms = [
-        s.end_bytes - (whole.kept.segments[i - 1].end_bytes if i else whole.kept.start_bytes)
-        for i, s in enumerate(whole.kept.segments)
-    ]
-    again_terms = [
-        s.end_bytes
-        - (whole.recomputed.segments[i - 1].end_bytes if i else whole.recomputed.start_bytes)
-        for i, s in enumerate(whole.recomputed.segments)
-    ]
+    kept_terms = kept_increments(whole.kept)
+    again_terms = kept_increments(whole.recomputed)
     plans = []
-    for segment, action, reason in zip(
-        decision.segments, decision.actions, decision.reasons, strict=True
+    for segment, action, reason, (first, end) in zip(
+        decision.segments, decision.actions, decision.reasons, decision.spans, strict=True
     ):
-        start = first_node[segment.node_names[0]]
-        covered = [
-            i for i in range(start, len(fine)) if fine[i].node_names[0] in segment.node_names
-        ]
         plans.append(
             SegmentPlan(
                 name=segment.name,
@@ -526,9 +520,9 @@ def _segment_plans(builder: ChainBuilder, whole: Profiles, decision: Decision) -
                 modules=list(segment.module_paths),
                 inputs=list(segment.input_names),
                 outputs=list(segment.output_names),
-                saved_bytes=max(sum(kept_terms[i] for i in covered), 0),
-                boundary_bytes=max(again_terms[covered[-1]], 0),
-                recompute_s=sum(builder.recompute_s(whole.kept, i) for i in covered),
+                saved_bytes=max(sum(kept_terms[first:end]), 0),
+                boundary_bytes=max(again_terms[end - 1], 0),
+                recompute_s=sum(builder.recompute_s(whole.kept, i) for i in range(first, end)),
                 recomputed=action.recompute,
                 num_chunks=action.num_chunks,
                 input_batch_dims=list(action.input_batch_dims),
