@@ -6,6 +6,7 @@ import torch
 import torch.fx as fx
 
 from autockpt.errors import PlanMismatchError
+from autockpt.module_chain import apply_module_plan
 from autockpt.plan import Plan
 from autockpt.segmented import SegmentAction, adopt_state_of, build_segmented_module
 from autockpt.trace import COMPUTE_OPS, segments_from_node_lists, trace_graph
@@ -24,11 +25,20 @@ def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
         plan: from :func:`autockpt.plan` (or reloaded from its JSON).
 
     Returns:
-        The planned module (a ``torch.fx.GraphModule``).
+        The planned module: a ``torch.fx.GraphModule``, or for a plan of module-level
+        segments (``plan.tracing == "forward-hooks"``) a shallow copy of ``model`` whose
+        recomputed submodules run checkpointed.
 
     Raises:
         PlanMismatchError: the plan was made for a different model.
     """
+    if plan.tracing == "forward-hooks":
+        # Module-level segments (NOTE [Module chain]): a shallow copy with checkpointed links.
+        return apply_module_plan(
+            model,
+            [segment.modules[0] for segment in plan.segments],
+            [segment.recomputed for segment in plan.segments],
+        )
     graph = trace_graph(model)
     graph_module = fx.GraphModule(model, graph, class_name=f"Planned{type(model).__name__}")
     compute_names = [n.name for n in graph.nodes if n.op in COMPUTE_OPS]

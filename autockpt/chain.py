@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from autockpt.measure import StepProfile
+from autockpt.module_chain import ModuleChain
 from autockpt.segmented import SegmentAction
 from autockpt.separable import Separability
 from autockpt.solve import Chain, Option, Solution
@@ -38,12 +39,14 @@ class Profiles:
 
     Attributes:
         kept: every segment kept.
-        recomputed: every segment recomputed on its own.
+        recomputed: every segment recomputed on its own; ``None`` when the kept profile already
+            shows that plain recompute cannot fit (see :func:`recompute_lower_bound_bytes`):
+            a segment then gets a plain recompute option only where it is a region of its own.
         regions: every region recomputed whole; ``None`` until region options are needed.
     """
 
     kept: StepProfile
-    recomputed: StepProfile
+    recomputed: StepProfile | None
     regions: StepProfile | None = None
 
 
@@ -62,7 +65,9 @@ class Decision:
 class ChainBuilder:
     """Builds chains from profiles and decodes solutions (see the module docstring)."""
 
-    def __init__(self, traced: TracedModel, time_model: TimeModel, batch_size: int) -> None:
+    def __init__(
+        self, traced: TracedModel | ModuleChain, time_model: TimeModel, batch_size: int
+    ) -> None:
         self.traced = traced
         self.time_model = time_model
         self.batch_size = batch_size
@@ -90,33 +95,53 @@ class ChainBuilder:
         separability: Separability | None,
     ) -> Chain:
         """The chain at ``num_micro_batches`` pieces (fitted from the half-batch profiles)."""
-        k_terms, r_terms = _terms(whole.kept), _terms(whole.recomputed)
+        k_terms = _terms(whole.kept)
+        r_terms = _terms(whole.recomputed) if whole.recomputed is not None else None
         g_terms = _terms(whole.regions) if whole.regions is not None else None
         if num_micro_batches > 1:
             assert half is not None
             k_terms = _extrapolate(k_terms, _terms(half.kept), num_micro_batches)
-            r_terms = _extrapolate(r_terms, _terms(half.recomputed), num_micro_batches)
+            if r_terms is not None and half.recomputed is not None:
+                r_terms = _extrapolate(r_terms, _terms(half.recomputed), num_micro_batches)
             if g_terms is not None and half.regions is not None:
                 g_terms = _extrapolate(g_terms, _terms(half.regions), num_micro_batches)
         options = []
         for index in range(len(self.traced.segments)):
             cost_s = self.recompute_s(whole.kept, index)
-            segment_options = [
-                _option("keep", k_terms, index, 0.0),
-                _option("recompute", r_terms, index, cost_s),
-            ]
+            segment_options = [_option("keep", k_terms, index, 0.0)]
+            if r_terms is not None:
+                segment_options.append(_option("recompute", r_terms, index, cost_s))
+            elif g_terms is not None and (own := self._own_region(index)) is not None:
+                # A region of one segment: the region profile recomputed it on its own.
+                segment_options.append(_option("recompute", g_terms, own, cost_s))
             if g_terms is not None and index in self._region_at:
                 segment_options += self._region_options(
                     index, g_terms, whole.kept, num_micro_batches, separability
                 )
             options.append(tuple(segment_options))
-        loss = max(k_terms["loss"][0], r_terms["loss"][0])
+        loss = max(k_terms["loss"][0], *(t["loss"][0] for t in (r_terms, g_terms) if t))
         return Chain(
             start_bytes=int(k_terms["start"][0]),
             options=tuple(options),
             loss_bytes=int(loss),
             fixed_peak_bytes=int(k_terms["optimizer"][0]),
         )
+
+    def _own_region(self, index: int) -> int | None:
+        """The region index of segment ``index`` if that region holds it alone, else None."""
+        region, end = self._region_at.get(index, (None, None))
+        return region if end == index + 1 else None
+
+    def boundary_bytes(self, whole: Profiles, first: int, end: int) -> int:
+        """Bytes chain positions ``first..end-1`` keep alive when recomputed as one unit."""
+        region, region_end = self._region_at.get(first, (None, None))
+        if whole.regions is not None and region is not None and region_end == end:
+            return max(kept_increments(whole.regions)[region], 0)
+        if whole.recomputed is not None:
+            return max(kept_increments(whole.recomputed)[end - 1], 0)
+        # Never measured recomputed: its inputs and outputs are what it would keep.
+        segment = whole.kept.segments[end - 1]
+        return segment.input_bytes + segment.output_bytes
 
     def _region_options(
         self,
@@ -194,8 +219,13 @@ class ChainBuilder:
             reasons.append(option.label)
             spans.append((position, end))
             position = end
-        graph: fx.Graph = self.traced.graph_module.graph
-        segments = list(segments_from_node_lists(graph, node_lists))
+        if all(end - first == 1 for first, end in spans):
+            segments = [self.traced.segments[first] for first, _ in spans]
+        else:
+            # Only fx chains have regions that span several segments.
+            assert isinstance(self.traced, TracedModel), "merged regions need an fx graph"
+            graph: fx.Graph = self.traced.graph_module.graph
+            segments = list(segments_from_node_lists(graph, node_lists))
         return Decision(segments, actions, reasons, num_micro_batches, spans)
 
 
@@ -203,6 +233,23 @@ def kept_increments(profile: StepProfile) -> list[int]:
     """Bytes each segment of a profile leaves alive for later ones (``kept_bytes``)."""
     starts = [profile.start_bytes, *(s.end_bytes for s in profile.segments[:-1])]
     return [s.end_bytes - start for s, start in zip(profile.segments, starts, strict=True)]
+
+
+def recompute_lower_bound_bytes(kept: StepProfile) -> int:
+    """A peak no plan of plain recomputes, segment by segment, can go below, from the kept
+    profile alone.
+
+    While segment ``i`` runs backward, a plan holds what the kept step holds then, less at
+    most what earlier segments had left alive when ``i`` started forward (a recomputed
+    segment keeps only its boundary): its own interior, rebuilt if recomputed, the gradients
+    and the state are the same. So every such plan peaks at least at
+    ``backward_peak_i - (start_i - start)`` for every ``i``. The planner skips measuring the
+    all-recomputed step when the budget is below this.
+    """
+    return max(
+        (s.backward_peak_bytes - (s.start_bytes - kept.start_bytes) for s in kept.segments),
+        default=0,
+    )
 
 
 def _terms(profile: StepProfile) -> dict[str, list[float]]:

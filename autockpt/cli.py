@@ -67,6 +67,12 @@ def _add_model_options(parser: argparse.ArgumentParser, *, data: bool = True) ->
     )
     group.add_argument("--seed", type=int, metavar="N", help="random seed (default: 0)")
     group.add_argument(
+        "--strategy",
+        choices=("ddp", "fsdp"),
+        help="how torchrun's ranks share the model: ddp (default; each holds all of it) or "
+        "fsdp (parameters, gradients and optimizer state split over the ranks)",
+    )
+    group.add_argument(
         "--dropout", type=float, metavar="RATE", help="dropout rate, 0 for none (default: preset's)"
     )
     group.add_argument(
@@ -155,6 +161,7 @@ _CONFIG_KEYS = (
     "timestamp_column",
     "known_columns",
     "quiet",
+    "strategy",
     "epochs",
     "lr",
     "max_steps_per_epoch",
@@ -186,7 +193,12 @@ def _bar(fraction: float, width: int = 12) -> str:
 def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
     """The plan as a table: per-segment memory bars, actions, the peak and its breakdown."""
     largest = max((s.saved_bytes for s in plan.segments), default=1) or 1
-    table = Table(title=f"memory plan ({plan.strategy}, batch {plan.batch_size}, {plan.device})")
+    ranks = (
+        f"batch {plan.batch_size} per rank, {plan.world_size} ranks {plan.parallelism}"
+        if plan.world_size > 1
+        else f"batch {plan.batch_size}"
+    )
+    table = Table(title=f"memory plan ({plan.strategy}, {ranks}, {plan.device})")
     table.add_column("#", justify="right")
     table.add_column("segment", overflow="fold", min_width=20)
     table.add_column("activations", justify="right", no_wrap=True)
@@ -217,10 +229,20 @@ def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
         ("inputs", breakdown.inputs_bytes),
         ("activations", breakdown.activations_bytes),
         ("transient", breakdown.transient_bytes),
+        ("gathered by FSDP", breakdown.gathered_bytes),
         ("CUDA context", breakdown.context_bytes),
         ("allocator headroom", breakdown.headroom_bytes),
     ]
-    console.print("budget:        " + (plan.budget_reading if budget_given else _no_budget_text()))
+    per_rank = " per rank" if plan.world_size > 1 else ""
+    console.print(
+        "budget:        " + (plan.budget_reading + per_rank if budget_given else _no_budget_text())
+    )
+    if plan.world_size > 1:
+        held = "its shards of " if plan.parallelism == "fsdp" else "all of "
+        console.print(
+            f"ranks:         {plan.world_size} ({plan.parallelism}); each holds {held}the "
+            "parameters, gradients and optimizer state; the peak and breakdown are one rank's"
+        )
     verdict = "[green]fits[/green]" if plan.fits else "[red]does not fit[/red]"
     against = f" of budget {format_bytes(plan.budget_bytes)} ({verdict})" if budget_given else ""
     console.print(
@@ -230,6 +252,8 @@ def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
     )
     console.print(
         "breakdown:     "
+        + per_rank.strip()
+        + (": " if per_rank else "")
         + ", ".join(f"{name} {format_bytes(size)}" for name, size in parts if size)
     )
     overhead = plan.predicted_extra_s / plan.unplanned_step_s if plan.unplanned_step_s else 0.0
@@ -329,7 +353,9 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
     _check_plot_available(args.plot)
     config = _load_config(args)
-    setup = prepare(config)
+    if args.world_size is not None and args.world_size < 1:
+        raise ConfigError(f"--world-size {args.world_size} must be 1 or more")
+    setup = prepare(config, plan_world_size=args.world_size or 1)
     if config.quiet:
         print(setup.plan.model_dump_json())
     else:
@@ -349,7 +375,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_train(args: argparse.Namespace, console: Console) -> int:
     """Train; under ``torchrun`` every rank runs this (NOTE [Distributed training])."""
-    from autockpt.distributed import process_group, world_from_environment
+    from autockpt.distributed import process_group, resolve_parallelism, world_from_environment
     from autockpt.prepare import resolve_device
     from autockpt.runs import resume_run, resumed_config, start_run
 
@@ -365,6 +391,7 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
         run, config = resumed_config(args.resume, args.config, overrides)
     else:
         config = _load_config(args)
+    resolve_parallelism(config.strategy, world.world_size)  # a bad combination fails here
     with process_group(world, world.device(resolve_device(config.device))):
         if run is not None:
             setup, checkpoint = resume_run(run, config, world=world)
@@ -424,9 +451,9 @@ def _run_training(
         print_plan(console, setup.plan, budget_given=setup.budget is not None)
         if setup.world.is_distributed:
             console.print(
-                f"ranks:         {setup.world.world_size} ({setup.device.type}), each a batch "
-                f"of {setup.batch_size} under the budget above; global batch "
-                f"{setup.global_batch_size}"
+                f"ranks:         {setup.world.world_size} {setup.parallelism} "
+                f"({setup.device.type}), each a batch of {setup.batch_size} under the budget "
+                f"above; global batch {setup.global_batch_size}"
             )
         console.print(f"run folder:    {run.path}")
         reporter = RichReporter(console)
@@ -513,6 +540,12 @@ def build_parser() -> argparse.ArgumentParser:
         "autockpt plan bars.parquet --vram-budget 4GB --preset tft-225 --json plan.json",
     )
     _add_model_options(plan)
+    plan.add_argument(
+        "--world-size",
+        type=int,
+        metavar="N",
+        help="plan for one of N ranks (with --strategy; default: 1, one process)",
+    )
     plan.add_argument("--json", type=Path, help="also write the plan as JSON to this file")
     plan.add_argument("--plot", type=Path, help="draw per-segment memory and the budget (PNG)")
 

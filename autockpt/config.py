@@ -23,6 +23,7 @@ Device = Literal["cpu", "cuda", "auto"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 Schedule = Literal["cosine", "constant"]
 TargetTransform = Literal["log_return", "diff", "none"]
+Strategy = Literal["ddp", "fsdp"]
 
 
 class TrainConfig(BaseModel):
@@ -87,6 +88,9 @@ class TrainConfig(BaseModel):
     """bars ahead to forecast, a whole number >= 1; unset uses the preset's."""
     quiet: bool = False
     """print JSON lines instead of progress bars (for scripts and logs)."""
+    strategy: Strategy | None = None
+    """how several torchrun ranks share the model: ddp (each holds all of it; the default)
+    or fsdp (parameters, gradients and optimizer state split over the ranks)."""
 
     @field_validator(
         "epochs", "batch_size", "patience", "max_steps_per_epoch", "encoder_length", "horizon"

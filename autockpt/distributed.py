@@ -1,4 +1,4 @@
-"""Training on several processes started by ``torchrun``: one rank per device, DDP, one plan.
+"""Training on several processes started by ``torchrun``: one rank per device, DDP or FSDP2.
 
 NOTE [Distributed training]
 ``torchrun --nproc-per-node N -m autockpt train ...`` starts N copies of the command line, each
@@ -13,9 +13,29 @@ over NCCL, or the CPU over gloo) and the budget is per rank, as each rank owns o
 - Plan: rank 0 plans for its per-rank batch and broadcasts the plan's JSON; every rank runs
   that plan, and the run log records each rank's plan digest. A re-plan is decided on the
   largest peak over the ranks, so all ranks re-plan together.
-- Micro-batches: gradients are synchronised on the last piece only (``no_sync`` for the rest).
+- Micro-batches: under DDP gradients are synchronised on the last piece only (``no_sync`` for
+  the rest). Under FSDP every piece reduce-scatters its gradients into the shards: deferring
+  the sync (``set_requires_gradient_sync(False)``) would keep every unit's unsharded gradient
+  until the last piece, a whole copy of the gradients on each rank, which is what FSDP is
+  there to avoid (NOTE [Per-rank accounting] counts them sharded).
 - Files: rank 0 alone prints, logs and writes the run folder. ``last.pt`` keeps every rank's
-  random state and the world size; a resume must use the same world size.
+  random state, the world size and the strategy; a resume must use the same of both. Under
+  FSDP the model and optimizer states are gathered whole (``full_state_dict``) onto rank 0,
+  which writes them in the same layout as one process does, and each rank loads its shard
+  back from them.
+
+NOTE [FSDP and the planned model]
+``--strategy fsdp`` applies FSDP2's ``fully_shard`` to the planned model (:func:`shard`): each
+leaf unit (NOTE [FSDP units] in :mod:`autockpt.sharding`), then the planned root. FSDP swaps a
+module's parameter entries between the sharded and the gathered tensors, so every view of the
+model must reach parameters through the same module objects. The planned graph and each
+recomputed segment's subgraph hold their own copies of the model's container modules (fx
+copies attribute paths), sharing only the parameters; :func:`shard` points them all at the
+model's own top-level modules first, so a parameter read inside a recomputed segment is the
+gathered one (without this, recomputed segments read the stale unsharded originals and their
+gradients are lost). The original model is part of the sharded module afterwards: the trainer
+evaluates and saves through the planned root, and does not re-plan (planning needs the whole
+parameters; a run that goes over its budget is resumed with a lower one instead).
 """
 
 from __future__ import annotations
@@ -34,6 +54,8 @@ from torch.nn.parallel import DistributedDataParallel
 from autockpt.errors import AutockptError, ConfigError
 from autockpt.plan import Plan
 from autockpt.progress import Record
+from autockpt.segmented import SegmentRunner
+from autockpt.sharding import Parallelism, fsdp_unit_paths
 from tft.data import Batch
 
 _T = TypeVar("_T")
@@ -180,19 +202,89 @@ def rank_slice(batch: Batch, world: World) -> Batch:
     return Batch(*(tensor[begin:end] for tensor in batch))
 
 
-def wrap(module: torch.nn.Module, world: World, device: torch.device) -> torch.nn.Module:
-    """``module`` under DistributedDataParallel when there are several ranks, else itself.
+def resolve_parallelism(
+    strategy: str | None,
+    world_size: int,
+    *,
+    how: str = "start them with torchrun --nproc-per-node N -m autockpt train ...",
+) -> Parallelism:
+    """What ``--strategy`` means on ``world_size`` ranks: ``single``, ``ddp`` (default) or ``fsdp``.
 
-    Gradients live in DDP's buckets (``gradient_as_bucket_view``), so DDP adds no second copy
-    of them to what the plan counts.
+    Raises:
+        ConfigError: a strategy was given for one process.
+    """
+    if world_size == 1:
+        if strategy is not None:
+            raise ConfigError(
+                f"--strategy {strategy} needs several ranks; {how}, or drop --strategy for "
+                "one process"
+            )
+        return "single"
+    if strategy not in (None, "ddp", "fsdp"):
+        raise ConfigError(f"--strategy {strategy!r} is not one of ddp, fsdp")
+    return "fsdp" if strategy == "fsdp" else "ddp"
+
+
+def wrap(
+    planned: torch.nn.Module,
+    world: World,
+    device: torch.device,
+    *,
+    parallelism: Parallelism = "ddp",
+    model: torch.nn.Module | None = None,
+) -> torch.nn.Module:
+    """The planned model as the ranks train it: itself for one process, under DDP, or FSDP2.
+
+    Under DDP gradients live in DDP's buckets (``gradient_as_bucket_view``), so DDP adds no
+    second copy of them; they stay allocated between steps (NOTE [Per-rank accounting]).
+    Under FSDP see :func:`shard`; ``model`` is the model the plan was applied to.
     """
     if not world.is_distributed:
-        return module
+        return planned
+    if parallelism == "fsdp":
+        assert model is not None, "FSDP shards the model's own modules"
+        return shard(planned, model)
     return DistributedDataParallel(
-        module,
+        planned,
         device_ids=[device] if device.type == "cuda" else None,
         gradient_as_bucket_view=True,
     )
+
+
+def shard(planned: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2 over the planned model: every leaf unit, then the root (NOTE [FSDP and the
+    planned model]). Returns ``planned``, now an ``FSDPModule`` sharing ``model``'s modules.
+
+    Raises:
+        ConfigError: the plan is not a traced graph, or the model holds parameters of its own
+            outside every submodule (FSDP could not reach them from the segments).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    if not isinstance(planned, torch.fx.GraphModule):
+        raise ConfigError(
+            "--strategy fsdp needs a model that torch.fx traces (this plan has module-level "
+            "segments); use --strategy ddp"
+        )
+    if next(model.parameters(recurse=False), None) is not None:
+        raise ConfigError(
+            f"--strategy fsdp needs every parameter of {type(model).__name__} inside a "
+            "submodule; move its own parameters into one, or use --strategy ddp"
+        )
+    unit_paths = fsdp_unit_paths(model)
+    views: list[torch.nn.Module] = [planned]
+    for node in planned.graph.nodes:
+        runner = node.target
+        if isinstance(runner, SegmentRunner) and isinstance(runner.module, torch.nn.Module):
+            views.append(runner.module)
+    for view in views:
+        for name, child in model.named_children():
+            if hasattr(view, name):
+                setattr(view, name, child)
+    for path in unit_paths:
+        fully_shard(model.get_submodule(path))
+    fully_shard(planned)
+    return planned
 
 
 class SilentReporter:

@@ -1,18 +1,24 @@
 """The Plan and ``plan()``: trace, measure, solve, then measure the chosen plan.
 
 NOTE [Planning]
-1. Trace the model into a chain of segments (:mod:`autockpt.trace`).
-2. Measure a step twice on fake tensors, every segment kept and every segment recomputed
-   (:mod:`autockpt.measure`); each segment's options come from the pair (NOTE [Chain memory
-   model]). Segments that :mod:`autockpt.separable` finds batch-separable also get chunked
-   options, scaled from the recomputed one.
-3. If the whole step is batch-separable, measure it again at half the batch; every quantity is
-   then fitted as ``a + c / num_micro_batches`` to give the chain at 2, 4, 8, ... micro-batches.
-4. Solve each chain exactly (:mod:`autockpt.solve`), keep the cheapest that fits.
-5. Measure the chosen plan itself on fake tensors. That measurement is the predicted peak. If
+1. Trace the model into a chain of segments (:mod:`autockpt.trace`); a model torch.fx cannot
+   trace gets whole submodules as segments instead, found with forward hooks, and a warning
+   (NOTE [Module chain]).
+2. Measure a step on fake tensors with every segment kept (:mod:`autockpt.measure`). If it
+   fits, that is the plan.
+3. Widen the options in stages, each measured only when the ones before cannot fit, and after
+   each solve every chain exactly (:mod:`autockpt.solve`) and keep the cheapest that fits:
+   a. plain recompute, segment by segment: a step with every segment recomputed gives each
+      segment's second option (NOTE [Chain memory model]). Skipped when the kept step
+      already shows no such plan can fit (:func:`~autockpt.chain.recompute_lower_bound_bytes`);
+   b. regions recomputed whole, and, where :mod:`autockpt.separable` finds a region
+      batch-separable, in chunks (scaled from the whole-region numbers);
+   c. if the whole step is batch-separable, micro-batches: the step measured again at half the
+      batch, every quantity fitted as ``a + c / num_micro_batches``.
+4. Measure the chosen plan itself on fake tensors. That measurement is the predicted peak. If
    the solver's estimate was optimistic and the plan does not fit, solve again against a budget
-   lowered by the overshoot (a few rounds), and fail with :class:`InfeasibleBudgetError` rather
-   than hand back a plan that does not fit.
+   lowered by the overshoot (a few rounds), then try the next stage, and fail with
+   :class:`InfeasibleBudgetError` rather than hand back a plan that does not fit.
 
 The budget a plan must meet on the CPU is tracked bytes (NOTE [Tracked bytes]). On CUDA it
 is what ``nvidia-smi`` shows: the CUDA context and the caching allocator's slack come off the
@@ -28,7 +34,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -39,6 +45,7 @@ from autockpt.chain import (
     Profiles,
     kept_increments,
     micro_batch_counts,
+    recompute_lower_bound_bytes,
 )
 from autockpt.errors import InfeasibleBudgetError
 from autockpt.measure import (
@@ -48,15 +55,17 @@ from autockpt.measure import (
     StepProfile,
     profile_step,
 )
-from autockpt.memory import RealSizeOracle
+from autockpt.memory import RealSizeOracle, flat_tensors
+from autockpt.module_chain import ModuleChain, trace_or_find_modules
 from autockpt.segmented import KEEP, SegmentAction
 from autockpt.separable import Separability, analyse_separability
+from autockpt.sharding import Parallelism, RankShare, fsdp_unit_paths, parameter_layouts, rank_share
 from autockpt.solve import Chain, Solution, minimum_peak, solve
 from autockpt.timing import calibrate
-from autockpt.trace import Segment, trace_model
+from autockpt.trace import Segment
 from autockpt.units import Budget, format_bytes, parse_budget
 
-#: Rounds of re-solving when the measured plan exceeds the budget (NOTE [Planning], step 5).
+#: Rounds of re-solving when the measured plan exceeds the budget (NOTE [Planning], step 4).
 MAX_REPLANS = 4
 #: Real steps run to verify a plan before giving up (see ``plan(verify=...)``).
 MAX_VERIFY_ROUNDS = 3
@@ -67,6 +76,7 @@ DEFAULT_CUDA_CONTEXT_BYTES = 512 * 2**20
 CUDA_HEADROOM_FRACTION = 0.10
 
 Strategy = Literal["auto", "checkpoint-all", "checkpoint-none"]
+Tracing = Literal["fx", "forward-hooks"]
 
 
 class SegmentPlan(BaseModel):
@@ -119,6 +129,9 @@ class PeakBreakdown(BaseModel):
     """CUDA context (0 on the CPU)."""
     headroom_bytes: int
     """Budget kept back for the allocator's slack (0 on the CPU)."""
+    gathered_bytes: int = 0
+    """FSDP: parameters (and gradients) gathered whole while their unit runs; see
+    NOTE [Per-rank accounting]. The other parts are one rank's (its shards under FSDP)."""
 
 
 class Plan(BaseModel):
@@ -154,6 +167,13 @@ class Plan(BaseModel):
     fits: bool
     planning_s: float
     notes: list[str] = []
+    tracing: Tracing = "fx"
+    """How the segments were found: ``"fx"``, runs of traced graph nodes; ``"forward-hooks"``,
+    whole submodules (``SegmentPlan.modules`` holds each one's path; NOTE [Module chain])."""
+    world_size: int = 1
+    """Ranks training together; the budget, the peak and the breakdown are one rank's."""
+    parallelism: Parallelism = "single"
+    """How the ranks share the work: ``single``, ``ddp`` or ``fsdp`` (NOTE [Per-rank accounting])."""
 
     @property
     def num_recomputed(self) -> int:
@@ -167,6 +187,7 @@ def plan(
     budget: str | int | Budget = "auto",
     *,
     loss_fn: LossFn | None = None,
+    example_targets: Sequence[torch.Tensor] = (),
     optimizer: OptimizerSpec = "adamw",
     device: torch.device | str | None = None,
     use_gradient_checkpointing: bool | None = None,
@@ -174,6 +195,8 @@ def plan(
     allow_chunks: bool = True,
     verify: bool | None = None,
     autocast_dtype: torch.dtype | None = None,
+    world_size: int = 1,
+    parallelism: Parallelism | None = None,
 ) -> Plan:
     """Plan a training step of ``model`` that fits ``budget`` (NOTE [Planning]).
 
@@ -181,11 +204,18 @@ def plan(
     state are unchanged (measurement runs on fake copies).
 
     Args:
-        model: any ``nn.Module`` torch.fx can trace.
-        example_inputs: a tuple of positional inputs at the training batch size.
+        model: any ``nn.Module``. One torch.fx cannot trace (or that takes a dict) is planned
+            with module-level segments found with forward hooks, with a warning
+            (NOTE [Module chain]).
+        example_inputs: a tuple of positional inputs at the training batch size (a dict of
+            tensors may be one of them).
         budget: bytes as an ``int``, or ``"4GB"``, ``"3.5GiB"``, ``"800MB"``, ``"auto"``, or a
             :class:`~autockpt.units.Budget` already read.
-        loss_fn: ``loss_fn(output) -> scalar``; default: the sum of the outputs.
+        loss_fn: ``loss_fn(output, *example_targets) -> scalar``; default: the sum of the
+            outputs.
+        example_targets: what the loss compares against, at the training batch size (the
+            training targets). A training loop holds them through the step like the inputs,
+            so they count towards the peak. Needs ``loss_fn``.
         optimizer: ``"adamw"``, ``"sgd"``, ``None`` or an optimizer instance, to count its state.
         device: where training will run; default: where the model's parameters are.
         use_gradient_checkpointing: ``None`` plans automatically, ``True`` recomputes every
@@ -204,6 +234,13 @@ def plan(
             device.
         autocast_dtype: the mixed-precision dtype training runs at (``torch.bfloat16``,
             ``torch.float16``): the step is measured under ``torch.autocast`` with it.
+        world_size: ranks training together, each on its own ``example_inputs`` batch. The
+            budget is per rank, and so are the predicted peak and its breakdown.
+        parallelism: ``"single"``, ``"ddp"`` (every rank holds the whole model) or ``"fsdp"``
+            (FSDP2: parameters, gradients and optimizer state split over the ranks, gathered
+            per unit); default ``"single"`` for one rank, else ``"ddp"``. The planner adds
+            the per-rank difference to the measured step (NOTE [Per-rank accounting]);
+            ``verify`` defaults to off unless ``"single"`` (a check step is one process).
 
     Returns:
         The plan: which segments recompute (and in how many chunks), how many micro-batches,
@@ -212,33 +249,53 @@ def plan(
     Raises:
         BudgetError: the budget cannot be read.
         InfeasibleBudgetError: no plan fits (the message gives the minimum and the levers).
-        TraceError: torch.fx cannot trace the model.
+        TraceError: neither torch.fx nor forward hooks find segments in the model.
 
     Example:
         >>> plan = autockpt.plan(model, (x,), budget="4GB")
         >>> model = autockpt.apply(model, plan)
     """
+    if example_targets and loss_fn is None:
+        raise ValueError(
+            "example_targets were given without a loss_fn to compare them with; pass "
+            "loss_fn=lambda output, *targets: ..."
+        )
     resolved_device = _resolve_device(model, device)
     rng_devices = [resolved_device.index or 0] if resolved_device.type == "cuda" else []
     read = budget if isinstance(budget, Budget) else parse_budget(budget, device=resolved_device)
+    parallelism = parallelism or ("single" if world_size == 1 else "ddp")
+    share = rank_share(
+        parameter_layouts(
+            model,
+            optimizer=optimizer,
+            unit_paths=fsdp_unit_paths(model) if parallelism == "fsdp" else (),
+        ),
+        world_size=world_size,
+        parallelism=parallelism,
+    )
     if verify is None:
-        verify = resolved_device.type == "cuda"
+        verify = resolved_device.type == "cuda" and parallelism == "single"
     target = read
     notes: list[str] = []
     for _ in range(MAX_VERIFY_ROUNDS):
         # Calibration and probes draw random numbers; the caller's RNG stream must not move.
         with torch.random.fork_rng(devices=rng_devices), _cyclic_gc_paused():
-            result = _plan(
-                model,
-                example_inputs,
-                target,
-                loss_fn=loss_fn,
-                optimizer=optimizer,
-                device=resolved_device,
-                use_gradient_checkpointing=use_gradient_checkpointing,
-                allow_micro_batches=allow_micro_batches,
-                allow_chunks=allow_chunks,
-                autocast_dtype=autocast_dtype,
+            result = _per_rank(
+                _plan_shifted(
+                    model,
+                    example_inputs,
+                    target,
+                    loss_fn=loss_fn,
+                    example_targets=example_targets,
+                    optimizer=optimizer,
+                    device=resolved_device,
+                    use_gradient_checkpointing=use_gradient_checkpointing,
+                    allow_micro_batches=allow_micro_batches,
+                    allow_chunks=allow_chunks,
+                    autocast_dtype=autocast_dtype,
+                    share=share,
+                ),
+                share,
             )
         result = result.model_copy(
             update={
@@ -252,7 +309,14 @@ def plan(
             return result.model_copy(update={"notes": [*notes, *result.notes]})
         from autockpt.verify import verify_plan  # verify imports apply, which imports plan
 
-        check = verify_plan(model, result, example_inputs, loss_fn=loss_fn, optimizer=optimizer)
+        check = verify_plan(
+            model,
+            result,
+            example_inputs,
+            loss_fn=loss_fn,
+            example_targets=example_targets,
+            optimizer=optimizer,
+        )
         notes.append(
             f"verified: a real step peaked at {format_bytes(check.reserved_peak_bytes)}, "
             f"{format_bytes(check.predicted_peak_bytes)} predicted"
@@ -273,12 +337,101 @@ def plan(
     )
 
 
+def _plan_shifted(
+    model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    budget: Budget,
+    *,
+    share: RankShare,
+    **options: Any,
+) -> Plan:
+    """:func:`_plan` for one process, against the budget less one rank's difference.
+
+    NOTE [Per-rank accounting] in :mod:`autockpt.sharding`: one rank's tensors are the one
+    process's plus ``share.offset_bytes``, so the step may take the budget less that (and less
+    the allocator's share of it on CUDA). The plan that comes back is the one process's;
+    :func:`_per_rank` turns it into one rank's.
+    """
+    if share.offset_bytes == 0:
+        return _plan(model, example_inputs, budget, **options)
+    offset = _outside_offset(share, options["device"])
+    shifted = Budget(bytes=budget.bytes - offset, text=budget.text, reading=budget.reading)
+    try:
+        if shifted.bytes <= 0:
+            raise InfeasibleBudgetError("", budget_bytes=shifted.bytes, minimum_bytes=1)
+        return _plan(model, example_inputs, shifted, **options)
+    except InfeasibleBudgetError as error:
+        minimum = max(error.minimum_bytes, 0) + offset
+        raise InfeasibleBudgetError(
+            f"budget {budget.text} ({format_bytes(budget.bytes)}) per rank is below the minimum "
+            f"{format_bytes(minimum)} of one of {share.world_size} ranks under "
+            f"{share.parallelism} (states per rank: parameters "
+            f"{format_bytes(share.parameters_bytes)}, gradients "
+            f"{format_bytes(share.gradients_bytes)}, optimizer state "
+            f"{format_bytes(share.optimizer_state_bytes)}); raise the budget to at least "
+            f"{format_bytes(minimum * 1.05)}, lower the batch size"
+            + (" or use more ranks" if share.parallelism == "fsdp" else " or use --strategy fsdp"),
+            budget_bytes=budget.bytes,
+            minimum_bytes=minimum,
+        ) from None
+
+
+def _outside_offset(share: RankShare, device: torch.device) -> int:
+    """``share.offset_bytes`` as the device shows it: plus the allocator's share on CUDA."""
+    _, headroom_fraction = _reserve(device)
+    return share.offset_bytes + int(share.offset_bytes * headroom_fraction)
+
+
+def _per_rank(result: Plan, share: RankShare) -> Plan:
+    """One process's plan (from :func:`_plan_shifted`) as one rank's: the peaks move by the
+    offset, the breakdown shows the rank's states (NOTE [Per-rank accounting])."""
+    if share.parallelism == "single":
+        return result
+    offset = _outside_offset(share, torch.device(result.device))
+    peak = result.predicted_peak_bytes + offset
+    old = result.breakdown
+    _, headroom_fraction = _reserve(torch.device(result.device))
+    tensors = peak - old.context_bytes
+    headroom = tensors - int(tensors / (1.0 + headroom_fraction))
+    known = (
+        share.parameters_bytes
+        + share.gradients_bytes
+        + share.optimizer_state_bytes
+        + share.gathered_bytes
+        + old.inputs_bytes
+        + old.activations_bytes
+        + old.context_bytes
+        + headroom
+    )
+    breakdown = old.model_copy(
+        update={
+            "parameters_bytes": share.parameters_bytes,
+            "gradients_bytes": share.gradients_bytes,
+            "optimizer_state_bytes": share.optimizer_state_bytes,
+            "gathered_bytes": share.gathered_bytes,
+            "transient_bytes": max(peak - known, 0),
+            "headroom_bytes": headroom,
+        }
+    )
+    return result.model_copy(
+        update={
+            "predicted_peak_bytes": peak,
+            "unplanned_peak_bytes": result.unplanned_peak_bytes + offset,
+            "minimum_feasible_bytes": result.minimum_feasible_bytes + offset,
+            "breakdown": breakdown,
+            "world_size": share.world_size,
+            "parallelism": share.parallelism,
+        }
+    )
+
+
 def _plan(
     model: torch.nn.Module,
     example_inputs: Sequence[torch.Tensor],
     budget: Budget,
     *,
     loss_fn: LossFn | None,
+    example_targets: Sequence[torch.Tensor],
     optimizer: OptimizerSpec,
     device: torch.device,
     use_gradient_checkpointing: bool | None,
@@ -288,7 +441,7 @@ def _plan(
 ) -> Plan:
     started = time.perf_counter()
     batch_size = _batch_size(example_inputs)
-    traced = trace_model(model, example_inputs)
+    traced = trace_or_find_modules(model, example_inputs)  # warns when it falls back
     oracle = RealSizeOracle()
     builder = ChainBuilder(traced, calibrate(device.type, device.index), batch_size)
     context_bytes, headroom_fraction = _reserve(device)
@@ -306,6 +459,7 @@ def _plan(
         example_inputs,
         [KEEP] * len(traced.segments),
         loss_fn=loss_fn,
+        example_targets=example_targets,
         size_oracle=oracle,
         autocast_dtype=autocast_dtype,
     )
@@ -318,9 +472,11 @@ def _plan(
             example_inputs,
             actions,
             loss_fn=loss_fn,
+            example_targets=example_targets,
             num_micro_batches=num_micro_batches,
             size_oracle=oracle,
             run_optimizer=False,
+            count_work=False,
             autocast_dtype=autocast_dtype,
             segments=segments,
         )
@@ -332,10 +488,10 @@ def _plan(
     def all_recomputed(segments: Sequence[Segment], num_micro_batches: int = 1) -> StepProfile:
         return measure(segments, [SegmentAction(recompute=True)] * len(segments), num_micro_batches)
 
-    whole = Profiles(kept, all_recomputed(traced.segments))
-    notes: list[str] = []
+    notes: list[str] = [traced.note] if isinstance(traced, ModuleChain) else []
     if use_gradient_checkpointing is not None:
         strategy: Strategy = "checkpoint-all" if use_gradient_checkpointing else "checkpoint-none"
+        whole = Profiles(kept, all_recomputed(traced.segments))
         decision = Decision(
             list(traced.segments),
             [SegmentAction(recompute=use_gradient_checkpointing)] * len(traced.segments),
@@ -343,6 +499,7 @@ def _plan(
             1,
             [(i, i + 1) for i in range(len(traced.segments))],
         )
+        assert whole.recomputed is not None
         final = whole.recomputed if use_gradient_checkpointing else kept
         minimum = minimum_peak(builder.chain(whole, None, 1, None)).peak_bytes
         if final.peak_bytes > usable_bytes:
@@ -355,13 +512,24 @@ def _plan(
             notes.append(message)
     else:
         strategy = "auto"
-        search = _Search(builder, whole, batch_size)
-        decision_or_none = search.cheapest(usable_bytes)
-        if decision_or_none is None:
-            # Plain recompute segment by segment cannot fit. Regions recomputed whole, chunks
-            # and micro-batches are examined only now: they cost more profiles and a probe of
-            # the real model.
-            regions = list(traced.region_segments)
+        regions = list(traced.region_segments)
+
+        def measure_decision(decision: Decision) -> StepProfile:
+            if decision.num_micro_batches == 1 and all(a == KEEP for a in decision.actions):
+                return kept  # nothing changes: the kept step is this plan's measurement
+            return measure(decision.segments, decision.actions, decision.num_micro_batches)
+
+        search = _Search(builder, Profiles(kept, None), batch_size, measure_decision)
+
+        def plain_recompute() -> bool:
+            if usable_bytes < recompute_lower_bound_bytes(kept):
+                return False  # no plan of plain recomputes can fit: do not measure one
+            search.whole = Profiles(kept, all_recomputed(traced.segments))
+            return True
+
+        def regions_and_chunks() -> bool:
+            # Regions recomputed whole, chunks and micro-batches cost more profiles and a
+            # probe of the real model: examined only once plain recompute cannot fit.
             separability = Separability.nothing(len(regions), "not allowed by the caller")
             if allow_chunks or allow_micro_batches:
                 separability = analyse_separability(traced, example_inputs, regions)
@@ -369,47 +537,33 @@ def _plan(
                 separability = dataclasses.replace(separability, chunkable=(False,) * len(regions))
             if allow_micro_batches and not separability.micro_batchable:
                 notes.append(f"micro-batches not used: {separability.reason}")
-            search.whole = dataclasses.replace(whole, regions=all_recomputed(regions))
+            search.whole = dataclasses.replace(search.whole, regions=all_recomputed(regions))
             search.separability = separability
-            decision_or_none = search.cheapest(usable_bytes)
-            if (
-                decision_or_none is None
-                and allow_micro_batches
-                and separability.micro_batchable
-                and batch_size >= 2
-            ):
-                search.half = Profiles(
-                    measure(traced.segments, [KEEP] * len(traced.segments), 2),
-                    all_recomputed(traced.segments, 2),
-                    all_recomputed(regions, 2),
-                )
-                decision_or_none = search.cheapest(usable_bytes)
-        if decision_or_none is None:
-            raise search.infeasible(budget, outside)
-        decision = decision_or_none
-        final = measure(decision.segments, decision.actions, decision.num_micro_batches)
-        target = usable_bytes
-        for _ in range(MAX_REPLANS):
-            if final.peak_bytes <= usable_bytes:
+            return True
+
+        def micro_batches() -> bool:
+            separability = search.separability
+            if not (allow_micro_batches and separability and separability.micro_batchable):
+                return False
+            if batch_size < 2:
+                return False
+            search.half = Profiles(
+                measure(traced.segments, [KEEP] * len(traced.segments), 2),
+                None if search.whole.recomputed is None else all_recomputed(traced.segments, 2),
+                all_recomputed(regions, 2),
+            )
+            return True
+
+        found = None
+        for widen in (plain_recompute, regions_and_chunks, micro_batches):
+            if widen() and (found := search.fit(usable_bytes, notes)):
                 break
-            # The chain model was optimistic: aim lower by what the measurement showed.
-            target -= final.peak_bytes - usable_bytes
-            retry = search.cheapest(target)
-            if retry is None:
-                break
-            decision = retry
-            final = measure(decision.segments, decision.actions, decision.num_micro_batches)
-            notes.append("re-planned: the measured plan was over the budget")
-        if final.peak_bytes > usable_bytes:
-            # Last resort: the lowest-peak choice at each micro-batch count, measured.
-            for lowest in search.lowest_peak_decisions():
-                candidate = measure(lowest.segments, lowest.actions, lowest.num_micro_batches)
-                if candidate.peak_bytes <= usable_bytes:
-                    decision, final = lowest, candidate
-                    notes.append("took the lowest-peak plan: the cheaper ones measured over")
-                    break
-        if final.peak_bytes > usable_bytes:
+        if found is None:
+            found = search.lowest_peak_fit(usable_bytes, notes)
+        if found is None:
             raise search.infeasible(budget, outside)
+        decision, final = found
+        whole = search.whole
         minimum = search.minimum_peak_bytes()
 
     segment_plans = _segment_plans(builder, whole, decision)
@@ -436,18 +590,35 @@ def _plan(
         fits=final.peak_bytes <= usable_bytes,
         planning_s=time.perf_counter() - started,
         notes=notes,
+        tracing="forward-hooks" if isinstance(traced, ModuleChain) else "fx",
     )
 
 
 class _Search:
     """The solver over every micro-batch count the profiles so far allow."""
 
-    def __init__(self, builder: ChainBuilder, whole: Profiles, batch_size: int) -> None:
+    def __init__(
+        self,
+        builder: ChainBuilder,
+        whole: Profiles,
+        batch_size: int,
+        measure: Callable[[Decision], StepProfile],
+    ) -> None:
         self.builder = builder
         self.whole = whole
         self.half: Profiles | None = None
         self.separability: Separability | None = None
         self.batch_size = batch_size
+        self._measure = measure
+        self._measured: dict[tuple[Any, ...], StepProfile] = {}
+        self.lowest_measured_bytes: int | None = None
+
+    def measure(self, decision: Decision) -> StepProfile:
+        """The decision's step measured on fake tensors (once per distinct decision)."""
+        key = (decision.num_micro_batches, tuple(decision.spans), tuple(decision.reasons))
+        if key not in self._measured:
+            self._measured[key] = self._measure(decision)
+        return self._measured[key]
 
     def chains(self) -> list[tuple[int, Chain]]:
         counts = micro_batch_counts(self.batch_size, self.half is not None)
@@ -471,6 +642,46 @@ class _Search:
         _, count, chain, solution = best
         return self.builder.decode(chain, solution, self.separability, count)
 
+    def fit(self, usable_bytes: int, notes: list[str]) -> tuple[Decision, StepProfile] | None:
+        """The cheapest decision whose measured step fits, with that measurement
+        (NOTE [Planning], step 4), or None when none of the options so far fits."""
+        decision = self.cheapest(usable_bytes)
+        if decision is None:
+            return None
+        final = self.measure(decision)
+        target = usable_bytes
+        for _ in range(MAX_REPLANS):
+            if final.peak_bytes <= usable_bytes:
+                return decision, final
+            # The chain model was optimistic: aim lower by what the measurement showed.
+            target -= final.peak_bytes - usable_bytes
+            retry = self.cheapest(target)
+            if retry is None:
+                break
+            decision, final = retry, self.measure(retry)
+            notes.append("re-planned: the measured plan was over the budget")
+        if final.peak_bytes <= usable_bytes:
+            return decision, final
+        return self.lowest_peak_fit(usable_bytes, notes)
+
+    def lowest_peak_fit(
+        self, usable_bytes: int, notes: list[str]
+    ) -> tuple[Decision, StepProfile] | None:
+        """Last resort: the lowest-peak choice at each micro-batch count, measured; the first
+        that fits. Also records the lowest measured peak, a budget planning is sure to meet:
+        the chain model's own minimum can be optimistic, or pessimistic."""
+        for lowest in self.lowest_peak_decisions():
+            candidate = self.measure(lowest)
+            if (
+                self.lowest_measured_bytes is None
+                or candidate.peak_bytes < self.lowest_measured_bytes
+            ):
+                self.lowest_measured_bytes = candidate.peak_bytes
+            if candidate.peak_bytes <= usable_bytes:
+                notes.append("took the lowest-peak plan: the cheaper ones measured over")
+                return lowest, candidate
+        return None
+
     def lowest_peak_decisions(self) -> list[Decision]:
         return [
             self.builder.decode(chain, minimum_peak(chain), self.separability, count)
@@ -481,8 +692,13 @@ class _Search:
         return min(minimum_peak(chain).peak_bytes for _, chain in self.chains())
 
     def infeasible(self, budget: Budget, outside: Callable[[int], int]) -> InfeasibleBudgetError:
-        """The error for a budget below every plan, with the minimum and the lever."""
-        minimum = outside(self.minimum_peak_bytes())
+        """The error for a budget below every plan, with the minimum and the lever (after
+        :meth:`lowest_peak_fit` found nothing, so the minimum is a measured one)."""
+        lowest = self.lowest_measured_bytes
+        minimum = outside(lowest if lowest is not None else self.minimum_peak_bytes())
+        # Rounded up to whole KiB: a real step can hold a few bytes of scalars more than the
+        # measured one (4 to 8 bytes seen with micro-batches), which must not tip it over.
+        minimum = -(-minimum // 1024) * 1024
         kept = self.whole.kept
         # Parameters, their gradients and the optimizer state do not shrink with the batch.
         fixed = outside(2 * kept.parameter_bytes + kept.optimizer_state_bytes)
@@ -494,7 +710,7 @@ class _Search:
                 "raise the budget or use a smaller model"
             )
         elif 1 <= fitting_batch < self.batch_size:
-            lever = f"lower the batch size to {fitting_batch} or raise the budget"
+            lever = f"lower the batch size to about {fitting_batch} or raise the budget"
         else:
             lever = f"raise the budget to at least {format_bytes(minimum * 1.05)}"
         return InfeasibleBudgetError(
@@ -508,7 +724,6 @@ class _Search:
 def _segment_plans(builder: ChainBuilder, whole: Profiles, decision: Decision) -> list[SegmentPlan]:
     """Report rows: each run segment (a merged region counts as one) with its numbers."""
     kept_terms = kept_increments(whole.kept)
-    again_terms = kept_increments(whole.recomputed)
     plans = []
     for segment, action, reason, (first, end) in zip(
         decision.segments, decision.actions, decision.reasons, decision.spans, strict=True
@@ -521,7 +736,7 @@ def _segment_plans(builder: ChainBuilder, whole: Profiles, decision: Decision) -
                 inputs=list(segment.input_names),
                 outputs=list(segment.output_names),
                 saved_bytes=max(sum(kept_terms[first:end]), 0),
-                boundary_bytes=max(again_terms[end - 1], 0),
+                boundary_bytes=builder.boundary_bytes(whole, first, end),
                 recompute_s=sum(builder.recompute_s(whole.kept, i) for i in range(first, end)),
                 recomputed=action.recompute,
                 num_chunks=action.num_chunks,
@@ -582,7 +797,7 @@ def _resolve_device(model: torch.nn.Module, device: torch.device | str | None) -
 
 
 def _batch_size(inputs: Sequence[torch.Tensor]) -> int:
-    sizes = [x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0]
+    sizes = [x.shape[0] for x in flat_tensors(list(inputs)) if x.dim() > 0]  # dicts too
     return max(sizes) if sizes else 1
 
 

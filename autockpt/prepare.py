@@ -20,9 +20,10 @@ import torch
 
 import autockpt
 from autockpt.config import TrainConfig
-from autockpt.distributed import SINGLE_PROCESS, World, agree_on_plan
+from autockpt.distributed import SINGLE_PROCESS, World, agree_on_plan, resolve_parallelism
 from autockpt.errors import DataError, DeviceError
 from autockpt.plan import Plan
+from autockpt.sharding import Parallelism
 from autockpt.units import Budget, parse_budget
 from tft.config import TFTConfig, get_preset
 from tft.data import ColumnRoles, Normalizer, WindowedData, load_windows
@@ -68,6 +69,8 @@ class Setup:
     notes: tuple[str, ...] = ()
     world: World = SINGLE_PROCESS
     """The ranks training together (NOTE [Distributed training]); one process by default."""
+    parallelism: Parallelism = "single"
+    """How the ranks share the model (``config.strategy`` resolved for the world's size)."""
 
     @property
     def batch_size(self) -> int:
@@ -142,7 +145,11 @@ def default_run_dir(config: TrainConfig) -> Path:
 
 
 def prepare(
-    config: TrainConfig, *, normalizer: Normalizer | None = None, world: World = SINGLE_PROCESS
+    config: TrainConfig,
+    *,
+    normalizer: Normalizer | None = None,
+    world: World = SINGLE_PROCESS,
+    plan_world_size: int | None = None,
 ) -> Setup:
     """Resolve the device, read the data, build the model and plan its training step.
 
@@ -151,6 +158,8 @@ def prepare(
         normalizer: statistics to apply instead of fitting them (a resumed run's own).
         world: the ranks training together; rank 0 plans for every rank (its process group
             must be joined already, see :func:`autockpt.distributed.process_group`).
+        plan_world_size: plan for one rank of this many instead of the world's (the ``plan``
+            command's ``--world-size``, run in one process).
 
     Returns:
         The setup; nothing is written to disk.
@@ -159,6 +168,13 @@ def prepare(
         DeviceError, BudgetError, DataError, ConfigError, InfeasibleBudgetError: user errors.
     """
     device = world.device(resolve_device(config.device))
+    num_ranks = plan_world_size if plan_world_size is not None else world.world_size
+    how = "plan for one of N ranks with --world-size N"
+    parallelism = (
+        resolve_parallelism(config.strategy, num_ranks, how=how)
+        if plan_world_size is not None
+        else resolve_parallelism(config.strategy, num_ranks)
+    )
     autocast_dtype = resolve_precision(config.precision, device)
     budget = resolve_budget(config.vram_budget, device)
     data_path, note = resolve_data_path(config)
@@ -201,6 +217,8 @@ def prepare(
             device=device,
             config=config,
             autocast_dtype=autocast_dtype,
+            world_size=num_ranks,
+            parallelism=parallelism,
         ),
     )
     return Setup(
@@ -217,6 +235,7 @@ def prepare(
         example_inputs=example_inputs,
         notes=(note,) if note else (),
         world=world,
+        parallelism=parallelism,
     )
 
 
@@ -229,8 +248,13 @@ def make_plan(
     device: torch.device,
     config: TrainConfig,
     autocast_dtype: torch.dtype | None,
+    world_size: int = 1,
+    parallelism: Parallelism = "single",
 ) -> Plan:
-    """Plan without touching the random streams training draws from (NOTE [Exact resume])."""
+    """Plan without touching the random streams training draws from (NOTE [Exact resume]).
+
+    The plan is for one of ``world_size`` ranks sharing the model by ``parallelism``.
+    """
     planned_for = budget if budget is not None else unlimited_budget()
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
@@ -243,6 +267,8 @@ def make_plan(
             device=device,
             use_gradient_checkpointing=config.use_gradient_checkpointing,
             autocast_dtype=autocast_dtype,
+            world_size=world_size,
+            parallelism=parallelism,
         )
 
 

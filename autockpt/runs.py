@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from autockpt.config import TrainConfig, load_train_config
-from autockpt.distributed import SINGLE_PROCESS, World
+from autockpt.distributed import SINGLE_PROCESS, World, resolve_parallelism
 from autockpt.errors import DataError, RunError
 from autockpt.prepare import Setup, column_roles, default_run_dir, prepare
 from tft.data import Normalizer
@@ -341,8 +341,8 @@ def resume_run(
     """Prepare the continuation of ``run`` (from :func:`resumed_config`) and its last state.
 
     Raises:
-        RunError: the checkpoint is damaged, was trained on another number of ranks, or does
-            not fit the data or the model.
+        RunError: the checkpoint is damaged, was trained on another number of ranks or with
+            another strategy, or does not fit the data or the model.
     """
     checkpoint = run.load_checkpoint(LAST_FILE)
     saved_world_size = int(checkpoint.get("world_size", 1))
@@ -351,6 +351,14 @@ def resume_run(
             f"cannot resume {run.path}: it was trained on {saved_world_size} rank(s) and this "
             f"run has {world.world_size}; resume with torchrun --nproc-per-node "
             f"{saved_world_size} (or a plain autockpt train for 1), or start a new run with --out"
+        )
+    saved_parallelism = checkpoint.get("parallelism", "single" if saved_world_size == 1 else "ddp")
+    parallelism = resolve_parallelism(config.strategy, world.world_size)
+    if saved_parallelism != parallelism:
+        raise RunError(
+            f"cannot resume {run.path}: it was trained with --strategy {saved_parallelism} and "
+            f"this run uses {parallelism} (the saved optimizer state is laid out for it); "
+            f"resume with --strategy {saved_parallelism}, or start a new run with --out"
         )
     try:
         setup = prepare(config, normalizer=_saved_normalizer(run, checkpoint), world=world)

@@ -71,7 +71,7 @@ class SegmentRunner:
     def __init__(
         self,
         index: int,
-        module: fx.GraphModule,
+        module: Callable[..., Any],
         action: SegmentAction,
         stateful_modules: Sequence[torch.nn.Module],
         observer: SegmentObserver | None,

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from autockpt.memory import flat_tensors
+from autockpt.module_chain import ModuleChain
 from autockpt.segmented import KEEP, build_segmented_module
 from autockpt.trace import Segment, TracedModel
 
@@ -67,25 +68,39 @@ class _Capture:
     def segment_started(self, index: int) -> None:
         return None
 
+    def handed_over(self) -> _Capture:
+        """What was captured so far; capturing starts again from empty."""
+        done = _Capture()
+        done.inputs, done.outputs = self.inputs, self.outputs
+        self.inputs, self.outputs = {}, {}
+        return done
+
     def segment_finished(self, index: int, inputs: tuple[Any, ...], outputs: Any) -> None:
         self.inputs[index] = inputs
         self.outputs[index] = outputs
 
 
 def analyse_separability(
-    traced: TracedModel,
+    traced: TracedModel | ModuleChain,
     example_inputs: Sequence[torch.Tensor],
     segments: Sequence[Segment] | None = None,
 ) -> Separability:
     """Probe every segment (default: the traced model's) and the whole model
     (NOTE [Batch separability])."""
     segments = traced.segments if segments is None else segments
-    batch = _batch_size(example_inputs)
     num_segments = len(segments)
+    if isinstance(traced, ModuleChain):
+        # A module's arguments have no known batch layout to split (NOTE [Module chain]).
+        reason = "segments are whole modules (the model does not trace with torch.fx)"
+        return Separability.nothing(num_segments, reason)
+    batch = _batch_size(example_inputs)
     if batch is None or batch < max(PROBE_BATCHES):
         reason = "the inputs carry no common batch dimension of at least 3"
         return Separability.nothing(num_segments, reason)
-    probe_model = copy.deepcopy(traced.graph_module)
+    # Parameters are only read (under no_grad), so the copy shares them: only buffers, which
+    # BatchNorm updates, need copies of their own.
+    parameters = {id(p): p for p in traced.graph_module.parameters()}
+    probe_model = copy.deepcopy(traced.graph_module, memo=parameters)
     # Evaluation mode turns dropout off everywhere (modules like MultiheadAttention apply it
     # inside); normalisation layers that use batch statistics stay in training mode, since
     # that is what mixes samples.
@@ -101,18 +116,18 @@ def analyse_separability(
         contextlib.redirect_stderr(io.StringIO()),
         _one_cpu_thread(),
     ):
+        capture = _Capture()
+        segmented = build_segmented_module(
+            probe_model, segments, [KEEP] * num_segments, observer=capture
+        )
         for size in PROBE_BATCHES:
-            capture = _Capture()
-            segmented = build_segmented_module(
-                probe_model, segments, [KEEP] * num_segments, observer=capture
-            )
             probe_inputs = [_take(x, size, batch) for x in example_inputs]
             try:
                 full_output = segmented(*probe_inputs)
             except Exception as error:  # the model itself refuses a small batch
                 reason = f"the model does not run on {size} samples ({type(error).__name__})"
                 return Separability.nothing(num_segments, reason)
-            captures.append((capture, probe_inputs, full_output))
+            captures.append((capture.handed_over(), probe_inputs, full_output))
         (first, first_inputs, first_output), (second, _, second_output) = captures
         chunkable, input_dims, output_dims = [], [], []
         for index, segment in enumerate(segments):
@@ -150,15 +165,20 @@ def analyse_separability(
             _batch_dim(a, b)
             for a, b in zip(flat_tensors(first_output), flat_tensors(second_output), strict=True)
         ]
+        # When every segment agrees sample by sample, so does their chain, on the same probe
+        # data: the run of the whole model per sample is needed only when some segment failed.
         micro_batchable = (
             all(d == 0 for d in model_dims)
             and all(d == 0 for d in model_out_dims)
-            and _agrees_per_sample(
-                probe_model,
-                tuple(first_inputs),
-                first_output,
-                model_dims,
-                [0] * len(model_out_dims),
+            and (
+                all(chunkable)
+                or _agrees_per_sample(
+                    probe_model,
+                    tuple(first_inputs),
+                    first_output,
+                    model_dims,
+                    [0] * len(model_out_dims),
+                )
             )
         )
     reason = "" if micro_batchable else "some operation mixes samples (e.g. BatchNorm in training)"

@@ -56,7 +56,9 @@ def training_step(
     batch = _batch_size(inputs)
     split_inputs = [_split(x, pieces) for x in inputs]
     split_targets = [_split(t, pieces) for t in targets]
-    total = torch.zeros((), dtype=torch.float32)
+    # A Python number: a tensor here would stay alive through every later piece, on top of
+    # what the plan measured (one piece, nothing else held).
+    total = 0.0
     for index in range(pieces):
         piece_inputs = [parts[index] for parts in split_inputs]
         piece_targets = [parts[index] for parts in split_targets]
@@ -66,8 +68,9 @@ def training_step(
         with nullcontext() if no_sync is None or last else no_sync():
             loss = loss_fn(model(*piece_inputs), *piece_targets) * weight
             loss.backward()
-        total = total + loss.detach().float().cpu()
-    return total
+        total += float(loss.detach())
+        del loss
+    return torch.tensor(total, dtype=torch.float32)
 
 
 def _split(value: torch.Tensor, pieces: int) -> tuple[Any, ...]:

@@ -21,7 +21,8 @@ scheduler and gradient-scaler states and the torch/numpy/Python random states. B
 from ``iterate_batches(seed=seed + epoch)`` and planning runs under ``torch.random.fork_rng``, so
 a run that is stopped after epoch k and resumed draws exactly the dropout masks and batches the
 uninterrupted run would have: the weights come out equal. With several ranks (NOTE [Distributed
-training] in :mod:`autockpt.distributed`) rank 0 saves every rank's random states.
+training] in :mod:`autockpt.distributed`) rank 0 saves every rank's random states; under FSDP
+every rank takes part in gathering the model and optimizer states that rank 0 saves.
 """
 
 from __future__ import annotations
@@ -86,15 +87,24 @@ class Evaluation:
     num_windows: int
 
 
-def evaluate(setup: Setup, dataset: WindowDataset, *, max_batches: int | None) -> Evaluation | None:
-    """Metrics of the (unplanned) model on ``dataset`` without autograd; None when empty.
+def evaluate(
+    setup: Setup,
+    dataset: WindowDataset,
+    *,
+    max_batches: int | None,
+    model: torch.nn.Module | None = None,
+) -> Evaluation | None:
+    """Metrics of the model on ``dataset`` without autograd; None when empty.
 
     With several ranks each evaluates its share of every global batch and the sums are added
-    up, so every rank gets the metrics one process would over the same windows.
+    up, so every rank gets the metrics one process would over the same windows. ``model``
+    defaults to the unplanned model; under FSDP it is the sharded planned one, whose forward
+    every rank must run together (a rank with no windows of the last batch runs one anyway).
     """
     if len(dataset) == 0:
         return None
-    model, quantiles = setup.model, setup.model_config.quantiles
+    model = setup.model if model is None else model
+    quantiles = setup.model_config.quantiles
     median = min(range(len(quantiles)), key=lambda i: abs(quantiles[i] - 0.5))
     target_std = setup.data.normalizer.target_std
     totals = {"loss": 0.0, "abs": 0.0, "square": 0.0, "covered": 0.0}
@@ -108,6 +118,8 @@ def evaluate(setup: Setup, dataset: WindowDataset, *, max_batches: int | None) -
         for global_batch in islice(batches, max_batches):
             batch = rank_slice(global_batch, setup.world)
             if len(batch.target) == 0:
+                if setup.parallelism == "fsdp":  # the others gather parameters in forward
+                    model(*(t[:1].to(setup.device) for t in global_batch.inputs()))
                 continue
             inputs = tuple(t.to(setup.device) for t in batch.inputs())
             target = batch.target.to(setup.device)  # (B, H)
@@ -165,7 +177,14 @@ class Trainer:
         self.model = setup.model
         self.world = setup.world
         self.plan = setup.plan
-        self.planned = wrap(autockpt.apply(self.model, self.plan), self.world, setup.device)
+        self.parallelism = setup.parallelism
+        self.planned = wrap(
+            autockpt.apply(self.model, self.plan),
+            self.world,
+            setup.device,
+            parallelism=self.parallelism,
+            model=self.model,
+        )
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.config.lr, weight_decay=self.config.weight_decay
         )
@@ -183,14 +202,39 @@ class Trainer:
 
     # -------------------------------------------------------------- saving and resuming
 
+    def gather_states(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The model's and the optimizer's state dicts as one process has them.
+
+        Under FSDP this is collective: every rank must call it, and rank 0 alone gets the
+        whole states (the others get empty dicts).
+        """
+        if self.parallelism != "fsdp":
+            return self.model.state_dict(), self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state = get_model_state_dict(self.planned, options=options)
+        optimizer_state = get_optimizer_state_dict(self.planned, self.optimizer, options=options)
+        return dict(model_state), dict(optimizer_state)
+
     def checkpoint(
-        self, *, full: bool, rng_by_rank: list[dict[str, Any]] | None = None
+        self,
+        *,
+        full: bool,
+        states: tuple[dict[str, Any], dict[str, Any]],
+        rng_by_rank: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """What ``best.pt`` (not ``full``) or ``last.pt`` (``full``, with every rank's RNG) holds."""
+        """What ``best.pt`` (not ``full``) or ``last.pt`` (``full``, with every rank's RNG) holds;
+        ``states`` from :meth:`gather_states`."""
         data = self.setup.data
+        model_state, optimizer_state = states
         checkpoint: dict[str, Any] = {
             "format": CHECKPOINT_FORMAT,
-            "model": self.model.state_dict(),
+            "model": model_state,
             "model_config": self.setup.model_config.model_dump(mode="json"),
             "normalizer": data.normalizer.to_dict(),
             "column_roles": data.normalizer.roles.model_dump(mode="json"),
@@ -198,11 +242,12 @@ class Trainer:
             "global_step": self.state.global_step,
             "best_val_loss": self.state.best_val_loss,
             "world_size": self.world.world_size,
+            "parallelism": self.parallelism,
         }
         if full:
             assert rng_by_rank is not None, "a full checkpoint saves the random states"
             checkpoint.update(
-                optimizer=self.optimizer.state_dict(),
+                optimizer=optimizer_state,
                 scheduler=self.scheduler.state_dict(),
                 scaler=self.scaler.state_dict() if self.scaler is not None else None,
                 rng=rng_by_rank[0],
@@ -216,8 +261,22 @@ class Trainer:
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         """Continue from ``last.pt`` (see NOTE [Exact resume])."""
-        self.model.load_state_dict(checkpoint["model"])
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        if self.parallelism == "fsdp":
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+                set_optimizer_state_dict,
+            )
+
+            # Every rank holds the whole checkpoint and keeps its own shard of it.
+            options = StateDictOptions(full_state_dict=True)
+            set_model_state_dict(self.planned, checkpoint["model"], options=options)
+            set_optimizer_state_dict(
+                self.planned, self.optimizer, checkpoint["optimizer"], options=options
+            )
+        else:
+            self.model.load_state_dict(checkpoint["model"])
+            self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.scheduler.load_state_dict(checkpoint["scheduler"])
         if self.scaler is not None and checkpoint["scaler"] is not None:
             self.scaler.load_state_dict(checkpoint["scaler"])
@@ -307,7 +366,10 @@ class Trainer:
     def finish_epoch(self, train_loss: float, epoch_peak: int, epoch_s: float) -> None:
         config = self.config
         evaluation = evaluate(
-            self.setup, self.setup.data.validation, max_batches=config.max_steps_per_epoch
+            self.setup,
+            self.setup.data.validation,
+            max_batches=config.max_steps_per_epoch,
+            model=self.planned if self.parallelism == "fsdp" else None,
         )
         score = evaluation.loss if evaluation is not None else train_loss
         improved = self.state.best_val_loss is None or score < self.state.best_val_loss
@@ -335,10 +397,13 @@ class Trainer:
             "epoch_s": epoch_s,
         }
         rng_by_rank = self.world.all_gather(capture_rng_state())
+        states = self.gather_states()
         if self.world.is_main:
             if improved:
-                self.run.save_checkpoint(BEST_FILE, self.checkpoint(full=False))
-            self.run.save_checkpoint(LAST_FILE, self.checkpoint(full=True, rng_by_rank=rng_by_rank))
+                self.run.save_checkpoint(BEST_FILE, self.checkpoint(full=False, states=states))
+            self.run.save_checkpoint(
+                LAST_FILE, self.checkpoint(full=True, states=states, rng_by_rank=rng_by_rank)
+            )
             self.run.append_metrics([*self.pending, record])
         self.pending = []
         self.reporter.epoch(record)
@@ -403,7 +468,8 @@ class Trainer:
             def loss_fn(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
                 return scaler.scale(unscaled(prediction, target))
 
-        no_sync = getattr(self.planned, "no_sync", None)
+        # FSDP reduce-scatters every micro-batch (NOTE [Distributed training]): no no_sync.
+        no_sync = getattr(self.planned, "no_sync", None) if self.parallelism == "ddp" else None
         with autocast(self.setup):
             loss = autockpt.training_step(
                 self.planned, self.plan, inputs, (target,), loss_fn, no_sync=no_sync
@@ -425,7 +491,7 @@ class Trainer:
         # Under DDP the gradients are views of its buckets; zeroing them in place keeps them
         # there, where dropping them would make the micro-batches under no_sync accumulate
         # into fresh tensors and hold a second copy of every gradient.
-        self.optimizer.zero_grad(set_to_none=not self.world.is_distributed)
+        self.optimizer.zero_grad(set_to_none=self.parallelism != "ddp")
 
     # -------------------------------------------------------------- memory
 
@@ -453,8 +519,12 @@ class Trainer:
                 + self.plan.breakdown.context_bytes
             )
             return
-        initial = [*tensors_of(self.model, self.optimizer), *inputs, target]
-        with MemoryTracker(initial=initial) as tracker:
+        initial = [_local(t) for t in tensors_of(self.model, self.optimizer)]
+        with MemoryTracker(initial=[*initial, *inputs, target]) as tracker:
+            if self.parallelism == "fsdp":
+                # FSDP gathers parameters into storages it resizes in place, which a dispatch
+                # mode does not see: the plan's gathered working set stands in for them.
+                tracker.add_bytes(self.plan.breakdown.gathered_bytes)
             yield reading
         reading.peak_bytes = tracker.peak_bytes
 
@@ -463,13 +533,18 @@ class Trainer:
         budget = self.budget_bytes
         if budget is None or peak_bytes <= budget or self.setup.device.type == "cuda":
             return
-        if self.state.num_replans >= MAX_REPLANS:
+        if self.parallelism == "fsdp" or self.state.num_replans >= MAX_REPLANS:
             if not self.gave_up_replanning:
                 self.gave_up_replanning = True
+                why = (
+                    "FSDP runs do not re-plan (NOTE [FSDP and the planned model]); resume "
+                    "with a lower --vram-budget"
+                    if self.parallelism == "fsdp"
+                    else f"after {MAX_REPLANS} re-plans; not re-planning again"
+                )
                 self.event(
                     f"step {self.state.global_step} peaked at {format_bytes(peak_bytes)}, over "
-                    f"the budget {format_bytes(budget)}, after {MAX_REPLANS} re-plans; "
-                    "not re-planning again"
+                    f"the budget {format_bytes(budget)}, {why}"
                 )
             return
         self.replan(
@@ -505,8 +580,11 @@ class Trainer:
                 device=setup.device,
                 config=self.config,
                 autocast_dtype=setup.autocast_dtype,
+                world_size=self.plan.world_size,
+                parallelism=self.parallelism,
             ),
         )
+        assert self.parallelism != "fsdp", "FSDP runs do not re-plan"
         self.planned = wrap(autockpt.apply(self.model, self.plan), self.world, setup.device)
         self.state.planning_budget_bytes = budget_bytes
         if self.world.is_main:
@@ -551,7 +629,15 @@ class Trainer:
             "mean_step_s": sum(seconds) / len(seconds) if seconds else 0.0,
             "num_replans": self.state.num_replans,
             "world_size": self.world.world_size,
+            "parallelism": self.parallelism,
         }
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of ``tensor`` this rank stores (an FSDP shard's local tensor, else itself)."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 @dataclass

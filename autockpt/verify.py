@@ -57,6 +57,7 @@ def verify_plan(
     example_inputs: Sequence[torch.Tensor],
     *,
     loss_fn: LossFn | None = None,
+    example_targets: Sequence[torch.Tensor] = (),
     optimizer: OptimizerSpec = "adamw",
 ) -> Verification:
     """Run one real planned training step and measure its peak; leave the model as it was.
@@ -65,7 +66,9 @@ def verify_plan(
         model: the model the plan was made for, on the plan's device.
         plan: the plan to check.
         example_inputs: one batch, on the plan's device.
-        loss_fn: ``loss_fn(output) -> scalar``; default: the sum of the outputs.
+        loss_fn: ``loss_fn(output, *example_targets) -> scalar``; default: the sum of the
+            outputs.
+        example_targets: what the loss compares against, on the plan's device.
         optimizer: as for :func:`autockpt.plan`.
 
     Returns:
@@ -81,7 +84,9 @@ def verify_plan(
     rng_devices = [device.index or 0] if device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=rng_devices):
-            return _measure(model, plan, example_inputs, loss_fn, optimizer, device)
+            return _measure(
+                model, plan, example_inputs, example_targets, loss_fn, optimizer, device
+            )
     finally:
         with torch.no_grad():
             for name, value in model.state_dict(keep_vars=True).items():
@@ -94,6 +99,7 @@ def _measure(
     model: torch.nn.Module,
     plan: Plan,
     example_inputs: Sequence[torch.Tensor],
+    example_targets: Sequence[torch.Tensor],
     loss_fn: LossFn,
     optimizer_spec: OptimizerSpec,
     device: torch.device,
@@ -111,9 +117,7 @@ def _measure(
     planned = apply(model, plan)
 
     def step() -> None:
-        training_step(
-            planned, plan, example_inputs, (), lambda out: loss_fn(out), loss_reduction="sum"
-        )
+        training_step(planned, plan, example_inputs, example_targets, loss_fn, loss_reduction="sum")
         if optimizer is not None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -127,7 +131,9 @@ def _measure(
         allocated = int(torch.cuda.max_memory_allocated(device)) + context
         reserved = int(torch.cuda.max_memory_reserved(device)) + context
         return Verification(allocated, reserved, plan.predicted_peak_bytes, plan.budget_bytes)
-    with MemoryTracker(initial=[*tensors_of(model, optimizer), *example_inputs]) as tracker:
+    with MemoryTracker(
+        initial=[*tensors_of(model, optimizer), *example_inputs, *example_targets]
+    ) as tracker:
         step()
     return Verification(
         tracker.peak_bytes, tracker.peak_bytes, plan.predicted_peak_bytes, plan.budget_bytes

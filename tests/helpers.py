@@ -10,6 +10,7 @@ from torch import nn
 
 import autockpt
 from autockpt.measure import default_loss
+from autockpt.memory import flat_tensors
 
 
 class MLPStack(nn.Module):
@@ -98,10 +99,12 @@ def tracked_step(
     inputs: Sequence[torch.Tensor],
     plan: autockpt.Plan | None = None,
     *,
-    loss_fn: Callable[[torch.Tensor], torch.Tensor] = default_loss,
+    loss_fn: Callable[..., torch.Tensor] = default_loss,
+    targets: Sequence[torch.Tensor] = (),
     seed: int = 0,
 ) -> tuple[int, torch.Tensor, dict[str, torch.Tensor]]:
-    """One real AdamW step on a copy of ``model`` (planned with ``plan`` if given).
+    """One real AdamW step on a copy of ``model`` (planned with ``plan`` if given), with the
+    loss ``loss_fn(output, *targets)``; the targets are held through the step, as in training.
 
     The optimizer state exists before the step, as in training, so the tracked peak is
     comparable with the plan's prediction.
@@ -119,8 +122,9 @@ def tracked_step(
     optimizer.zero_grad(set_to_none=True)
     runner = autockpt.apply(model, plan) if plan is not None else model
     torch.manual_seed(seed)
-    with autockpt.MemoryTracker(initial=[*autockpt.tensors_of(model, optimizer), *inputs]) as t:
-        loss = autockpt.training_step(runner, plan, inputs, (), loss_fn, loss_reduction="sum")
+    held = [*autockpt.tensors_of(model, optimizer), *flat_tensors([*inputs, *targets])]
+    with autockpt.MemoryTracker(initial=held) as t:
+        loss = autockpt.training_step(runner, plan, inputs, targets, loss_fn, loss_reduction="sum")
         optimizer.step()
     gradients = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return t.peak_bytes, loss, gradients

@@ -145,6 +145,80 @@ def test_a_run_of_two_ranks_is_not_resumed_on_one(
     assert "trained on 2 rank(s)" in error and "this run has 1" in error
 
 
+# ---------------------------------------------------------------------------- FSDP
+
+#: Per rank: tight enough that the plan recomputes and splits the batch (checked below).
+FSDP_BUDGET = "1000000"
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """The two-rank runs again with --strategy fsdp and a per-rank budget, resumed likewise."""
+    out = tmp_path_factory.mktemp("fsdp") / "run"
+    options = ["--batch-size", str(PER_RANK_BATCH), "--strategy", "fsdp"]
+    first = launch_two_ranks(
+        str(SAMPLE_DATA),
+        *RUN,
+        *options,
+        "--vram-budget",
+        FSDP_BUDGET,
+        "--epochs",
+        "1",
+        "--out",
+        str(out),
+    )
+    second = launch_two_ranks("--resume", str(out), "--epochs", "2", "--quiet")
+    return out, [first.stdout, second.stdout]
+
+
+@pytest.mark.slow
+def test_fsdp_ranks_give_the_losses_of_one_process_with_the_global_batch(
+    fsdp_run: tuple[Path, list[str]], one_process_run: Path
+) -> None:
+    fsdp, stdouts = fsdp_run
+    plan = Plan.model_validate_json((fsdp / PLAN_FILE).read_text())
+    assert (plan.world_size, plan.parallelism) == (2, "fsdp")
+    assert plan.num_recomputed > 0 and plan.num_micro_batches > 1  # planned segments in use
+    steps, single_steps = records(fsdp, "step"), records(one_process_run, "step")
+    assert len(steps) == len(single_steps) == 6  # epoch 2 ran after a resume on two ranks
+    for mine, theirs in zip(steps, single_steps, strict=True):
+        assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-5, abs=1e-6)
+    for mine, theirs in zip(records(fsdp, "epoch"), records(one_process_run, "epoch"), strict=True):
+        assert mine["val_loss"] == pytest.approx(theirs["val_loss"], rel=1e-5, abs=1e-6)
+    agreements = [r for r in records(fsdp, "event") if "plan_digest_by_rank" in r]
+    assert len(agreements) == 2 and all(len(set(r["plan_digest_by_rank"])) == 1 for r in agreements)
+    assert [r["parallelism"] for r in records(fsdp, "summary")] == ["fsdp", "fsdp"]
+    # One writer: the same files as one process, every step once.
+    assert sorted(p.name for p in fsdp.iterdir()) == [
+        "best.pt",
+        "config.json",
+        "last.pt",
+        "metrics.jsonl",
+        "plan.json",
+    ]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
+    for stdout in stdouts:
+        assert sum('"kind": "summary"' in line for line in stdout.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_an_fsdp_checkpoint_loads_into_the_plain_model(fsdp_run: tuple[Path, list[str]]) -> None:
+    fsdp, _ = fsdp_run
+    checkpoint = RunFolder(fsdp).load_checkpoint("best.pt")
+    assert checkpoint["parallelism"] == "fsdp"
+    assert all(
+        isinstance(v, torch.Tensor) and type(v) is torch.Tensor
+        for v in checkpoint["model"].values()
+    )
+
+
+def test_a_strategy_needs_several_ranks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--preset", "tiny", "--strategy", "fsdp", "--quiet"]) == 2
+    assert "--strategy fsdp needs several ranks" in capsys.readouterr().err
+    assert main(["plan", "--preset", "tiny", "--strategy", "fsdp", "--quiet"]) == 2
+    assert "--world-size N" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------- the parts
 
 

@@ -239,3 +239,41 @@ def test_verify_runs_a_real_step_and_leaves_the_model_as_it_was():
     check = verify_plan(model, plan, inputs)
     assert check.within_budget
     assert abs(check.relative_error) < 0.03
+
+
+def test_targets_held_through_the_step_count_towards_the_peak():
+    model, (x,) = _mlp(dropout=0.0)
+    target = torch.randn(x.shape[0], 1)
+
+    def mse(output: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(output, wanted, reduction="sum")
+
+    unplanned = autockpt.plan(model, (x,), 10**12, loss_fn=mse, example_targets=(target,))
+    # Nothing recomputed: the step is the same but for the target held from the start.
+    without = autockpt.plan(model, (x,), 10**12, loss_fn=lambda output: mse(output, target))
+    target_bytes = target.numel() * target.element_size()
+    assert unplanned.breakdown.inputs_bytes == without.breakdown.inputs_bytes + target_bytes
+    for fraction in (1.0, 0.7, 0.5):
+        budget = int(fraction * unplanned.predicted_peak_bytes)
+        plan = autockpt.plan(model, (x,), budget, loss_fn=mse, example_targets=(target,))
+        tracked, _, _ = tracked_step(model, (x,), plan, loss_fn=mse, targets=(target,))
+        assert tracked <= budget
+        assert abs(tracked - plan.predicted_peak_bytes) <= 0.03 * tracked
+
+
+def test_targets_without_a_loss_function_are_refused():
+    model, inputs = _mlp()
+    with pytest.raises(ValueError, match="example_targets"):
+        autockpt.plan(model, inputs, 10**12, example_targets=(torch.zeros(512),))
+
+
+@pytest.mark.parametrize("name", ["mlp", "tft-tiny"])
+def test_the_minimum_an_infeasible_budget_reports_can_be_planned_and_is_kept(name):
+    model, inputs = MODELS[name](dropout=0.0)
+    with pytest.raises(autockpt.InfeasibleBudgetError) as caught:
+        autockpt.plan(model, inputs, 1)
+    minimum = caught.value.minimum_bytes
+    plan = autockpt.plan(model, inputs, minimum)
+    tracked, _, _ = tracked_step(model, inputs, plan)
+    assert plan.predicted_peak_bytes <= minimum
+    assert tracked <= minimum
