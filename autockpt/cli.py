@@ -226,7 +226,7 @@ def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
         ("parameters", breakdown.parameters_bytes),
         ("gradients", breakdown.gradients_bytes),
         ("optimizer state", breakdown.optimizer_state_bytes),
-        ("inputs", breakdown.inputs_bytes),
+        ("batch (inputs, targets)", breakdown.inputs_bytes),
         ("activations", breakdown.activations_bytes),
         ("transient", breakdown.transient_bytes),
         ("gathered by FSDP", breakdown.gathered_bytes),

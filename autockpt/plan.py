@@ -121,6 +121,7 @@ class PeakBreakdown(BaseModel):
     gradients_bytes: int
     optimizer_state_bytes: int
     inputs_bytes: int
+    """The batch: inputs and, when given, the targets."""
     activations_bytes: int
     """Live at the end of forward, beyond the above: what backward will need."""
     transient_bytes: int

@@ -45,10 +45,6 @@ class QuantileLoss:
     def __call__(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return quantile_loss(prediction.float(), target.float(), self.quantiles)
 
-    def without_target(self, prediction: torch.Tensor) -> torch.Tensor:
-        """The planner's ``loss_fn(output)``: the same ops against a zero target."""
-        return self(prediction, prediction.new_zeros(prediction.shape[:-1]))
-
 
 @dataclass(frozen=True)
 class Setup:
@@ -66,6 +62,7 @@ class Setup:
     plan: Plan
     loss_fn: QuantileLoss
     example_inputs: tuple[torch.Tensor, ...]
+    example_targets: tuple[torch.Tensor, ...]
     notes: tuple[str, ...] = ()
     world: World = SINGLE_PROCESS
     """The ranks training together (NOTE [Distributed training]); one process by default."""
@@ -207,11 +204,13 @@ def prepare(
     loss_fn = QuantileLoss(model_config.quantiles)
     example = data.train.batch(np.arange(model_config.batch_size))
     example_inputs = tuple(t.to(device) for t in example.inputs())
+    example_targets = (example.target.to(device),)
     plan = agree_on_plan(
         world,
         lambda: make_plan(
             model,
             example_inputs,
+            example_targets,
             budget,
             loss_fn=loss_fn,
             device=device,
@@ -233,6 +232,7 @@ def prepare(
         plan=plan,
         loss_fn=loss_fn,
         example_inputs=example_inputs,
+        example_targets=example_targets,
         notes=(note,) if note else (),
         world=world,
         parallelism=parallelism,
@@ -242,6 +242,7 @@ def prepare(
 def make_plan(
     model: torch.nn.Module,
     example_inputs: tuple[torch.Tensor, ...],
+    example_targets: tuple[torch.Tensor, ...],
     budget: Budget | None,
     *,
     loss_fn: QuantileLoss,
@@ -262,7 +263,8 @@ def make_plan(
             model,
             example_inputs,
             planned_for,
-            loss_fn=loss_fn.without_target,
+            loss_fn=loss_fn,
+            example_targets=example_targets,
             optimizer="adamw",
             device=device,
             use_gradient_checkpointing=config.use_gradient_checkpointing,

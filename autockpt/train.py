@@ -575,6 +575,7 @@ class Trainer:
             lambda: make_plan(
                 self.model,
                 setup.example_inputs,
+                setup.example_targets,
                 parse_budget(budget_bytes),
                 loss_fn=setup.loss_fn,
                 device=setup.device,

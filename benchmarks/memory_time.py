@@ -86,12 +86,6 @@ class Workload:
     def loss(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return quantile_loss(prediction, target, self.config.quantiles)
 
-    def planning_loss(self, prediction: torch.Tensor) -> torch.Tensor:
-        """The planner's ``loss_fn(output)``: the same ops against a zero target."""
-        return quantile_loss(
-            prediction, prediction.new_zeros(prediction.shape[:2]), self.config.quantiles
-        )
-
 
 def make_workload(preset: str, batch_size: int | None, device: torch.device, seed: int) -> Workload:
     config = get_preset(preset)
@@ -115,14 +109,19 @@ def make_batch(
 def plan_for(
     work: Workload, budget: int | str, inputs: Inputs | None = None, **options: Any
 ) -> autockpt.Plan:
-    """``autockpt.plan`` of the workload's model; forced-mode warnings are kept in the notes."""
+    """``autockpt.plan`` of the workload's model (its target held through the step, as the
+    timed steps hold it); forced-mode warnings are kept in the notes."""
+    target = work.target
+    if inputs is not None:
+        target = work.target.new_zeros(inputs[0].shape[0], work.config.horizon)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return autockpt.plan(
             work.model,
             inputs if inputs is not None else work.inputs,
             budget,
-            loss_fn=work.planning_loss,
+            loss_fn=work.loss,
+            example_targets=(target,),
             device=work.device,
             **options,
         )
