@@ -44,6 +44,22 @@ _UNDER_REPORTED_OPS: frozenset[Any] = frozenset(
 )
 
 
+# Queries of a tensor's metadata that reach dispatch modes: they allocate nothing and are not
+# work, so the tracker passes them through without counting (under fake tensors ``prim.device``
+# alone is over half of all calls).
+_METADATA_OPS: frozenset[Any] = frozenset(
+    (
+        torch.ops.prim.device.default,
+        torch.ops.prim.layout.default,
+        torch.ops.aten.sym_size.int,
+        torch.ops.aten.sym_stride.int,
+        torch.ops.aten.sym_numel.default,
+        torch.ops.aten.sym_storage_offset.default,
+        torch.ops.aten.is_contiguous.default,
+    )
+)
+
+
 class RealSizeOracle:
     """Sizes the outputs of under-reporting ops by running them for real on zeros.
 
@@ -172,6 +188,8 @@ class MemoryTracker(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func in _METADATA_OPS:
+            return out  # allocates nothing; the most frequent call under fake tensors
         outputs = flat_tensors(out)
         if self._size_oracle is not None and func.overloadpacket in _UNDER_REPORTED_OPS:
             sizes: list[int | None] = list(self._size_oracle.output_bytes(func, args, kwargs))

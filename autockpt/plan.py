@@ -27,13 +27,11 @@ budget first (``context_bytes`` and ``headroom_bytes`` in the breakdown).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -48,6 +46,7 @@ from autockpt.chain import (
     recompute_lower_bound_bytes,
 )
 from autockpt.errors import InfeasibleBudgetError
+from autockpt.host import cyclic_gc_paused, one_cpu_thread
 from autockpt.measure import (
     FakeTrainingState,
     LossFn,
@@ -280,7 +279,7 @@ def plan(
     notes: list[str] = []
     for _ in range(MAX_VERIFY_ROUNDS):
         # Calibration and probes draw random numbers; the caller's RNG stream must not move.
-        with torch.random.fork_rng(devices=rng_devices), _cyclic_gc_paused():
+        with torch.random.fork_rng(devices=rng_devices), cyclic_gc_paused(), one_cpu_thread():
             result = _per_rank(
                 _plan_shifted(
                     model,
@@ -769,25 +768,6 @@ def _breakdown(profile: StepProfile, context_bytes: int, headroom_bytes: int) ->
         context_bytes=context_bytes,
         headroom_bytes=headroom_bytes,
     )
-
-
-@contextlib.contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while planning.
-
-    A fake step creates tens of thousands of short-lived objects, which triggers collections
-    that walk every fx graph and module alive: they took over half of a profile's time on
-    ``tft-225``. Tensors are freed by reference counting, not by the collector, so the
-    counts do not change; the cyclic garbage of a planning call (a few MB of graphs) is
-    collected once the collector runs again.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _resolve_device(model: torch.nn.Module, device: torch.device | str | None) -> torch.device:

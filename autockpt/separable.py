@@ -19,12 +19,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from autockpt.host import one_cpu_thread
 from autockpt.memory import flat_tensors
 from autockpt.module_chain import ModuleChain
 from autockpt.segmented import KEEP, build_segmented_module
@@ -114,7 +115,7 @@ def analyse_separability(
         torch.random.fork_rng(devices=[]),
         torch.no_grad(),
         contextlib.redirect_stderr(io.StringIO()),
-        _one_cpu_thread(),
+        one_cpu_thread(),
     ):
         capture = _Capture()
         segmented = build_segmented_module(
@@ -185,18 +186,6 @@ def analyse_separability(
     return Separability(
         tuple(chunkable), tuple(input_dims), tuple(output_dims), micro_batchable, reason
     )
-
-
-@contextlib.contextmanager
-def _one_cpu_thread() -> Iterator[None]:
-    """Run the probe's small CPU ops on one thread: with more, OpenMP's spin-waiting made the
-    probe ten times slower whenever another process shared the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _segment_module(segmented: torch.nn.Module, index: int) -> Any:

@@ -41,14 +41,15 @@ from tft.model import TemporalFusionTransformer
 
 #: The functions of ``autockpt.plan`` timed, by the stage they belong to.
 STAGES = {
-    "trace_model": "trace",
+    "trace_or_find_modules": "trace",
     "calibrate": "calibrate",
+    "FakeTrainingState": "fake state",
     "profile_step": "measure",
     "analyse_separability": "separability",
     "solve": "solve",
     "minimum_peak": "solve",
 }
-STAGE_NAMES = ("trace", "calibrate", "measure", "separability", "solve", "other")
+STAGE_NAMES = ("trace", "calibrate", "fake state", "measure", "separability", "solve", "other")
 BUDGETS = (("unlimited", None), ("50%", 0.5), ("25%", 0.25))
 
 
