@@ -12,6 +12,7 @@ measurement checks the result.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -100,11 +101,13 @@ class ChainBuilder:
         g_terms = _terms(whole.regions) if whole.regions is not None else None
         if num_micro_batches > 1:
             assert half is not None
-            k_terms = _extrapolate(k_terms, _terms(half.kept), num_micro_batches)
+            half_share = piece_share(self.batch_size, 2)
+            share = piece_share(self.batch_size, num_micro_batches)
+            k_terms = _extrapolate(k_terms, _terms(half.kept), half_share, share)
             if r_terms is not None and half.recomputed is not None:
-                r_terms = _extrapolate(r_terms, _terms(half.recomputed), num_micro_batches)
+                r_terms = _extrapolate(r_terms, _terms(half.recomputed), half_share, share)
             if g_terms is not None and half.regions is not None:
-                g_terms = _extrapolate(g_terms, _terms(half.regions), num_micro_batches)
+                g_terms = _extrapolate(g_terms, _terms(half.regions), half_share, share)
         options = []
         for index in range(len(self.traced.segments)):
             cost_s = self.recompute_s(whole.kept, index)
@@ -158,14 +161,15 @@ class ChainBuilder:
         options = [whole] if span > 1 else []
         if separability is None or not separability.chunkable[region]:
             return options
-        batch = self.batch_size // max(num_micro_batches, 1)
+        # Every piece of the batch must split into whole samples.
+        piece_sizes = {len(p) for p in _pieces(self.batch_size, max(num_micro_batches, 1))}
         boundary = terms["io"][region]
         num_ops = sum(kept.segments[i].forward_num_ops for i in range(index, end))
         for chunks in CHUNK_CHOICES:
-            if chunks > batch:
+            if chunks > min(piece_sizes):
                 break
-            if batch % chunks:
-                # Pieces must hold whole samples (a variable-major dim holds B * T rows).
+            if any(size % chunks for size in piece_sizes):
+                # Chunks must hold whole samples (a variable-major dim holds B * T rows).
                 continue
             # Interiors shrink with the chunk; the boundary and its gradients do not.
             forward = boundary + max(whole.forward_bytes - boundary, 0) / chunks
@@ -274,16 +278,17 @@ def _terms(profile: StepProfile) -> dict[str, list[float]]:
 
 
 def _extrapolate(
-    whole: dict[str, list[float]], half: dict[str, list[float]], num_micro_batches: int
+    whole: dict[str, list[float]],
+    half: dict[str, list[float]],
+    half_share: float,
+    share: float,
 ) -> dict[str, list[float]]:
-    """Fit ``a + c / m`` through m = 1 and m = 2 and read it at ``num_micro_batches``."""
-    fitted = {
-        key: [
-            max(2 * h - w, 0.0) + 2 * (w - h) / num_micro_batches
-            for w, h in zip(values, half[key], strict=True)
-        ]
-        for key, values in whole.items()
-    }
+    """Fit ``a + c * s`` through the whole batch (``s = 1``) and the largest of two pieces
+    (``s = half_share``), and read it at ``share``, the largest piece's share of the batch."""
+    fitted = {}
+    for key, values in whole.items():
+        slopes = [(w - h) / (1.0 - half_share) for w, h in zip(values, half[key], strict=True)]
+        fitted[key] = [max(w - c, 0.0) + c * share for w, c in zip(values, slopes, strict=True)]
     # Optimizer state and parameters do not shrink with the batch; from two pieces on, the
     # gradients are live before each piece starts, as in the half-batch profile.
     fitted["optimizer"] = whole["optimizer"]
@@ -305,7 +310,23 @@ def _option(
 
 
 def micro_batch_counts(batch_size: int, possible: bool) -> list[int]:
-    """Micro-batch counts to consider: divisors of the batch among ``MICRO_BATCH_CHOICES``."""
+    """Micro-batch counts to consider: those of ``MICRO_BATCH_CHOICES`` up to the batch size.
+
+    A count need not divide the batch: the pieces are ``torch.tensor_split``'s, the first ones a
+    sample larger, and the plan is measured on the largest.
+    """
     if not possible:
         return [1]
-    return [m for m in MICRO_BATCH_CHOICES if m <= batch_size and batch_size % m == 0]
+    return [m for m in MICRO_BATCH_CHOICES if m <= batch_size]
+
+
+def piece_share(batch_size: int, num_micro_batches: int) -> float:
+    """The largest piece's share of the batch when it is split into ``num_micro_batches``."""
+    return math.ceil(batch_size / num_micro_batches) / batch_size
+
+
+def _pieces(batch_size: int, num_pieces: int) -> list[range]:
+    """The samples of each piece, as ``torch.tensor_split`` cuts them."""
+    size, extra = divmod(batch_size, num_pieces)
+    starts = [i * size + min(i, extra) for i in range(num_pieces + 1)]
+    return [range(a, b) for a, b in zip(starts, starts[1:], strict=False)]

@@ -264,8 +264,8 @@ def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
     )
     if plan.num_micro_batches > 1:
         console.print(
-            f"micro-batches: {plan.num_micro_batches} of "
-            f"{plan.batch_size // plan.num_micro_batches}, gradients accumulated"
+            f"micro-batches: {plan.num_micro_batches} of at most "
+            f"{-(-plan.batch_size // plan.num_micro_batches)} samples, gradients accumulated"
         )
     for note in plan.notes:
         console.print(f"note:          {note}")

@@ -277,3 +277,20 @@ def test_the_minimum_an_infeasible_budget_reports_can_be_planned_and_is_kept(nam
     tracked, _, _ = tracked_step(model, inputs, plan)
     assert plan.predicted_peak_bytes <= minimum
     assert tracked <= minimum
+
+
+def test_micro_batch_counts_need_not_divide_the_batch():
+    model = MLPStack(128, 6, 0.0)
+    inputs = (torch.randn(510, 128),)  # 2 * 3 * 5 * 17: 4, 8, 16 and 32 do not divide it
+    _, want_loss, want = tracked_step(model, inputs)
+    with pytest.raises(autockpt.InfeasibleBudgetError) as caught:
+        autockpt.plan(model, inputs, 1)
+    minimum = caught.value.minimum_bytes
+    plan = autockpt.plan(model, inputs, minimum)
+    # At the smallest budget the step is cut into the most pieces, of unequal sizes.
+    assert plan.num_micro_batches > 2 and 510 % plan.num_micro_batches
+    tracked, got_loss, got = tracked_step(model, inputs, plan)
+    assert tracked <= minimum
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-4)
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-4)
