@@ -160,8 +160,13 @@ def process_group(world: World, device: torch.device) -> Iterator[None]:
     )
     try:
         yield
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # Leave together: gloo aborted a rank (SIGABRT, "terminate called without an active
+    # exception") that tore down its group while its peer was still finishing.
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def agree_on_plan(world: World, make_plan: Callable[[], Plan]) -> Plan:

@@ -222,6 +222,7 @@ def _fsdp_worker(rank: int, world_size: int, port: int, out: str) -> None:
         dist.all_gather_object(reports, report)
         if rank == 0:
             Path(out).write_text(json.dumps(reports))
+        dist.barrier()  # leave together (see autockpt.distributed.process_group)
     finally:
         dist.destroy_process_group()
 
