@@ -6,8 +6,9 @@ budgets: unlimited (nothing to recompute: the fast path), and 50% and 25% of the
 ``plan.planning_s`` it reports, and the median seconds in each stage. Stages are timed by
 wrapping the functions ``autockpt.plan`` calls (in this process only, nothing is edited):
 
-* trace: ``trace_model`` (torch.fx);
+* trace: ``trace_or_find_modules`` (torch.fx, or forward hooks for a model fx cannot trace);
 * calibrate: the device's time model (measured once per process, so only the first call pays);
+* fake state: ``FakeTrainingState``, the fake model's parameters and the optimizer state;
 * measure: ``profile_step``, fake-tensor steps of the model (each plan needs several);
 * separability: ``analyse_separability``, small real runs that decide chunks and micro-batches;
 * solve: ``solve`` and ``minimum_peak``, the chain solver;
