@@ -247,8 +247,8 @@ def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
     against = f" of budget {format_bytes(plan.budget_bytes)} ({verdict})" if budget_given else ""
     console.print(
         f"peak:          {format_bytes(plan.predicted_peak_bytes)} predicted{against}; "
-        f"{format_bytes(plan.unplanned_peak_bytes)} with nothing recomputed; minimum "
-        f"{format_bytes(plan.minimum_feasible_bytes)}"
+        f"{format_bytes(plan.unplanned_peak_bytes)} with nothing recomputed; minimum about "
+        f"{format_bytes(plan.minimum_feasible_bytes)} (the planner's estimate)"
     )
     console.print(
         "breakdown:     "
