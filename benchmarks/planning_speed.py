@@ -14,7 +14,10 @@ wrapping the functions ``autockpt.plan`` calls (in this process only, nothing is
 * solve: ``solve`` and ``minimum_peak``, the chain solver;
 * other: the rest (building chains, the Plan).
 
-    python benchmarks/planning_speed.py [--presets tiny,small,tft-225] [--repeats 3]
+With ``--fresh-process`` each row is also timed as the first ``plan()`` of a new Python
+process, which is what one ``autockpt plan`` command pays.
+
+    python benchmarks/planning_speed.py [--presets tiny,small,tft-225] [--repeats 3] [--fresh-process]
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import importlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -39,6 +43,9 @@ import autockpt
 from tft.config import PRESET_NAMES, get_preset
 from tft.loss import quantile_loss
 from tft.model import TemporalFusionTransformer
+
+#: The repository root: where the fresh processes of ``--fresh-process`` import from.
+REPO = Path(__file__).resolve().parents[1]
 
 #: The functions of ``autockpt.plan`` timed, by the stage they belong to.
 STAGES = {
@@ -143,6 +150,36 @@ def bench_preset(name: str, repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
+def fresh_process_s(preset: str, budget_bytes: int, threads: int) -> float:
+    """Seconds of the first ``plan()`` in a new Python process (what one ``autockpt plan``
+    command pays: modules imported on first use, empty fake-tensor caches)."""
+    child = (
+        "import sys, time, torch\n"
+        f"torch.set_num_threads({threads})\n"
+        "import autockpt\n"
+        "from tft.config import get_preset\n"
+        "from tft.loss import quantile_loss\n"
+        "from tft.model import TemporalFusionTransformer\n"
+        f"config = get_preset({preset!r})\n"
+        "torch.manual_seed(0)\n"
+        "model = TemporalFusionTransformer(config).train()\n"
+        "inputs = model.example_inputs(config.batch_size, "
+        "generator=torch.Generator().manual_seed(0))\n"
+        "def loss_fn(p):\n"
+        "    return quantile_loss(p, p.new_zeros(p.shape[:2]), config.quantiles)\n"
+        "started = time.perf_counter()\n"
+        "try:\n"
+        f"    autockpt.plan(model, inputs, {budget_bytes}, loss_fn=loss_fn)\n"
+        "except autockpt.InfeasibleBudgetError:\n"
+        "    pass\n"
+        "print(time.perf_counter() - started)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    return float(result.stdout.strip().splitlines()[-1])
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     heads = [
         "preset",
@@ -182,6 +219,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="plan() calls per budget")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--fresh-process",
+        action="store_true",
+        help="also time each row's plan() as the first call of a new process",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     presets = [p.strip() for p in args.presets.split(",") if p.strip()]
@@ -201,6 +243,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{row['preset']}: first plan() of the preset (unlimited budget): "
             f"{row['first_call_wall_s']:.2f} s ({stages})"
         )
+    if args.fresh_process:
+        for row in rows:
+            row["fresh_process_s"] = fresh_process_s(
+                row["preset"], row["budget_bytes"], args.threads
+            )
+            print(
+                f"{row['preset']} at {row['budget']}: first plan() of a new process "
+                f"{row['fresh_process_s']:.2f} s"
+            )
     print()
     print(markdown_table(rows))
     if args.json is not None:
