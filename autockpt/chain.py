@@ -12,7 +12,6 @@ measurement checks the result.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -322,7 +321,7 @@ def micro_batch_counts(batch_size: int, possible: bool) -> list[int]:
 
 def piece_share(batch_size: int, num_micro_batches: int) -> float:
     """The largest piece's share of the batch when it is split into ``num_micro_batches``."""
-    return math.ceil(batch_size / num_micro_batches) / batch_size
+    return len(_pieces(batch_size, num_micro_batches)[0]) / batch_size
 
 
 def _pieces(batch_size: int, num_pieces: int) -> list[range]:

@@ -14,7 +14,8 @@ NOTE [Planning]
    b. regions recomputed whole, and, where :mod:`autockpt.separable` finds a region
       batch-separable, in chunks (scaled from the whole-region numbers);
    c. if the whole step is batch-separable, micro-batches: the step measured again at half the
-      batch, every quantity fitted as ``a + c / num_micro_batches``.
+      batch, every quantity fitted as ``a + c * s``, ``s`` the largest piece's share of the
+      batch (counts need not divide it).
 4. Measure the chosen plan itself on fake tensors. That measurement is the predicted peak. If
    the solver's estimate was optimistic and the plan does not fit, solve again against a budget
    lowered by the overshoot (a few rounds), then try the next stage, and fail with
@@ -491,7 +492,8 @@ def _plan(
     notes: list[str] = [traced.note] if isinstance(traced, ModuleChain) else []
     if use_gradient_checkpointing is not None:
         strategy: Strategy = "checkpoint-all" if use_gradient_checkpointing else "checkpoint-none"
-        whole = Profiles(kept, all_recomputed(traced.segments))
+        recomputed = all_recomputed(traced.segments)
+        whole = Profiles(kept, recomputed)
         decision = Decision(
             list(traced.segments),
             [SegmentAction(recompute=use_gradient_checkpointing)] * len(traced.segments),
@@ -499,8 +501,7 @@ def _plan(
             1,
             [(i, i + 1) for i in range(len(traced.segments))],
         )
-        assert whole.recomputed is not None
-        final = whole.recomputed if use_gradient_checkpointing else kept
+        final = recomputed if use_gradient_checkpointing else kept
         minimum = minimum_peak(builder.chain(whole, None, 1, None)).peak_bytes
         if final.peak_bytes > usable_bytes:
             message = (
