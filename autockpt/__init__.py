@@ -5,7 +5,6 @@
 >>> planned = autockpt.apply(model, plan)
 """
 
-from autockpt.apply import apply
 from autockpt.errors import (
     AutockptError,
     BudgetError,
@@ -17,10 +16,12 @@ from autockpt.errors import (
     RunError,
     TraceError,
 )
-from autockpt.memory import MemoryTracker, tensors_of
-from autockpt.plan import PeakBreakdown, Plan, SegmentPlan, plan
-from autockpt.step import training_step
-from autockpt.units import Budget, format_bytes, parse_budget
+from autockpt.planner.apply import apply
+from autockpt.planner.memory import MemoryTracker, tensors_of
+from autockpt.planner.plan import plan
+from autockpt.planner.plan_model import PeakBreakdown, Plan, SegmentPlan
+from autockpt.planner.step import training_step
+from autockpt.planner.units import Budget, format_bytes, parse_budget
 
 __all__ = [
     "AutockptError",

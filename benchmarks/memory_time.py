@@ -18,8 +18,9 @@ Memory is measured on one untimed step per strategy: on the CPU as tracked tenso
 the figure the CPU budget is enforced on); on CUDA as ``max_memory_allocated`` and, for what
 ``nvidia-smi`` shows, ``max_memory_reserved`` plus the CUDA context. Every strategy's model
 lives on the device at once, so on CUDA the bytes resident before the step that belong to the
-other strategies are subtracted (see :func:`_cuda_peaks`). Compiled code allocates outside
-the dispatcher, so tracked bytes cannot see it: the CPU table shows ``n/a`` for compile rows.
+other strategies are subtracted (see ``_cuda_peaks`` in ``memory_time_measure.py``). Compiled
+code allocates outside the dispatcher, so tracked bytes cannot see it: the CPU table shows ``n/a``
+for compile rows.
 
     python benchmarks/memory_time.py --preset tft-225 --json tft225.json
     python benchmarks/memory_time.py --preset tft-225 --device cuda --batch-size-for 4GiB
@@ -28,365 +29,55 @@ the dispatcher, so tracked bytes cannot see it: the CPU table shows ``n/a`` for 
 ``--batch-granularity``, found by bisection) that the planner says fits BUDGET on the device,
 then benchmarks it,
 with autockpt at BUDGET among the strategies.
+
+This script is the command line and the run (batch search, the line-up, warm-up, round-robin
+timing); ``memory_time_strategies.py`` builds the strategies, ``memory_time_measure.py`` measures
+them and ``memory_time_report.py`` writes the rows and the table. Run it as a script, so that
+its folder is on ``sys.path`` for those modules.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import functools
-import gc
 import json
 import math
 import os
-import platform
-import signal
-import statistics
-import subprocess
 import sys
 import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
+from memory_time_measure import (
+    _compile_within,
+    _timed_into,
+    cuda_context_bytes,
+    measure_memory,
+    run_guarded,
+)
+from memory_time_report import _mib, print_report, report
+from memory_time_strategies import (
+    COMPILE_BUDGETS,
+    UNLIMITED_BYTES,
+    Inputs,
+    Strategy,
+    Workload,
+    _fresh_copy,
+    compiled_strategy,
+    make_batch,
+    make_workload,
+    minimum_bytes,
+    minimum_strategy,
+    plan_for,
+    planned_strategy,
+    unplanned_budget_bytes,
+)
 
 import autockpt
-from autockpt.units import format_bytes
-from tft.config import PRESET_NAMES, TFTConfig, get_preset
-from tft.loss import quantile_loss
-from tft.model import TemporalFusionTransformer
-
-#: Budget given when a strategy has no budget of its own (reads as "no limit" on the CPU).
-UNLIMITED_BYTES = 2**50
-#: Factors over the reported minimum tried, in order, for the "autockpt min" strategy.
-MINIMUM_FACTORS = (1.0, 1.01, 1.02, 1.05, 1.1, 1.25, 1.5)
-#: Activation memory budgets tried with torch.compile.
-COMPILE_BUDGETS = (1.0, 0.5)
-
-Inputs = tuple[torch.Tensor, ...]
-
-
-# ---------------------------------------------------------------------------- the workload
-
-
-@dataclass(frozen=True)
-class Workload:
-    """The model under test, one batch and the two loss functions."""
-
-    config: TFTConfig
-    model: torch.nn.Module
-    inputs: Inputs
-    target: torch.Tensor  # (B, H)
-    device: torch.device
-
-    def loss(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return quantile_loss(prediction, target, self.config.quantiles)
-
-
-def make_workload(preset: str, batch_size: int | None, device: torch.device, seed: int) -> Workload:
-    config = get_preset(preset)
-    if batch_size is not None:
-        config = config.with_overrides(batch_size=batch_size)
-    torch.manual_seed(seed)
-    model = TemporalFusionTransformer(config).to(device).train()
-    inputs, target = make_batch(model, config, config.batch_size, device, seed)
-    return Workload(config, model, inputs, target, device)
-
-
-def make_batch(
-    model: Any, config: TFTConfig, batch_size: int, device: torch.device, seed: int
-) -> tuple[Inputs, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    inputs = tuple(t.to(device) for t in model.example_inputs(batch_size, generator=generator))
-    target = torch.randn(batch_size, config.horizon, generator=generator).to(device)
-    return inputs, target
-
-
-def plan_for(
-    work: Workload, budget: int | str, inputs: Inputs | None = None, **options: Any
-) -> autockpt.Plan:
-    """``autockpt.plan`` of the workload's model (its target held through the step, as the
-    timed steps hold it); forced-mode warnings are kept in the notes."""
-    target = work.target
-    if inputs is not None:
-        target = work.target.new_zeros(inputs[0].shape[0], work.config.horizon)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return autockpt.plan(
-            work.model,
-            inputs if inputs is not None else work.inputs,
-            budget,
-            loss_fn=work.loss,
-            example_targets=(target,),
-            device=work.device,
-            **options,
-        )
-
-
-def minimum_bytes(work: Workload, inputs: Inputs | None = None) -> int:
-    """The minimum feasible budget the planner reports for an impossible budget of 1 byte."""
-    try:
-        plan_for(work, 1, inputs)
-    except autockpt.InfeasibleBudgetError as error:
-        return error.minimum_bytes
-    raise RuntimeError("the planner accepted a budget of 1 byte")
-
-
-def unplanned_budget_bytes(reference: autockpt.Plan) -> int:
-    """The smallest budget at which the unplanned step fits, as the planner accounts budgets.
-
-    On the CPU that is the unplanned peak. On CUDA the budget also pays for the context and for
-    headroom that is a share of the budget itself, so the peak of the tensors is solved for:
-    ``budget = tensors + context + share * budget``.
-    """
-    breakdown = reference.breakdown
-    tensors = reference.unplanned_peak_bytes - breakdown.context_bytes - breakdown.headroom_bytes
-    share = breakdown.headroom_bytes / reference.budget_bytes if reference.budget_bytes else 0.0
-    return math.ceil((tensors + breakdown.context_bytes) / (1.0 - share))
-
-
-# ---------------------------------------------------------------------------- strategies
-
-
-@dataclass
-class Strategy:
-    """One way to run the step, its copy of the model and what was measured about it."""
-
-    name: str
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    runner: torch.nn.Module
-    """What the step calls: the model, the planned module or the compiled model."""
-    plan: autockpt.Plan | None = None
-    budget_bytes: int | None = None
-    predicted_peak_bytes: int | None = None
-    planning_s: float | None = None
-    compile_budget: float | None = None
-    """For torch.compile strategies, the activation memory budget its backend compiles with."""
-    notes: list[str] = field(default_factory=list)
-    measured: dict[str, int] = field(default_factory=dict)
-    step_s: list[float] = field(default_factory=list)
-    failed: str | None = None
-
-    def step(self, work: Workload) -> None:
-        """One training step: forward and backward over the plan's pieces, then AdamW."""
-        self.optimizer.zero_grad(set_to_none=True)
-        autockpt.training_step(
-            self.runner, self.plan, work.inputs, (work.target,), work.loss, loss_reduction="mean"
-        )
-        self.optimizer.step()
-
-
-def _fresh_copy(work: Workload) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """A copy of the model and its AdamW, whose state exists already, as it does in training."""
-    model = copy.deepcopy(work.model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    parameters = list(model.parameters())
-    with torch.no_grad():
-        before = [p.detach().clone() for p in parameters]
-        for parameter in parameters:
-            parameter.grad = torch.zeros_like(parameter)
-        optimizer.step()  # weight decay moves the weights even at zero gradient: put them back
-        for parameter, value in zip(parameters, before, strict=True):
-            parameter.copy_(value)
-    optimizer.zero_grad(set_to_none=True)
-    return model, optimizer
-
-
-def planned_strategy(
-    work: Workload, name: str, budget: int | str, *, record_budget: bool = True, **options: Any
-) -> Strategy:
-    model, optimizer = _fresh_copy(work)
-    started = time.perf_counter()
-    plan = plan_for(work, budget, **options)
-    wall_s = time.perf_counter() - started
-    strategy = Strategy(
-        name=name,
-        model=model,
-        optimizer=optimizer,
-        runner=autockpt.apply(model, plan),
-        plan=plan,
-        budget_bytes=plan.budget_bytes if record_budget else None,
-        predicted_peak_bytes=plan.predicted_peak_bytes,
-        planning_s=plan.planning_s,
-    )
-    strategy.notes.extend(plan.notes)
-    strategy.notes.append(f"plan() wall time {wall_s:.2f} s")
-    return strategy
-
-
-def minimum_strategy(work: Workload) -> Strategy:
-    """autockpt at its own minimum feasible budget, or the first factor above it that plans."""
-    started = time.perf_counter()
-    minimum = minimum_bytes(work)
-    probe_s = time.perf_counter() - started
-    failures = []
-    for factor in MINIMUM_FACTORS:
-        budget = math.ceil(minimum * factor)
-        try:
-            strategy = planned_strategy(work, "autockpt min", budget)
-        except autockpt.InfeasibleBudgetError as error:
-            failures.append(f"{format_bytes(budget)}: {error}")
-            continue
-        strategy.notes.append(
-            f"reported minimum {format_bytes(minimum)} (probe {probe_s:.2f} s); planned at "
-            f"{factor:.2f}x of it"
-        )
-        strategy.notes.extend(f"infeasible at {failure}" for failure in failures)
-        return strategy
-    raise RuntimeError(
-        f"no plan at up to {MINIMUM_FACTORS[-1]}x the reported minimum "
-        f"{format_bytes(minimum)}: " + "; ".join(failures)
-    )
-
-
-def compiled_strategy(work: Workload, activation_memory_budget: float) -> Strategy:
-    from torch._inductor.compile_fx import compile_fx
-
-    def backend(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        # A backend of its own per budget: dynamo then compiles each copy separately, and the
-        # partitioner reads the budget while this backend runs.
-        with torch._functorch.config.patch(activation_memory_budget=activation_memory_budget):
-            return compile_fx(graph, example_inputs)
-
-    model, optimizer = _fresh_copy(work)
-    return Strategy(
-        name=f"compile {activation_memory_budget:g}",
-        model=model,
-        optimizer=optimizer,
-        runner=cast(torch.nn.Module, torch.compile(model, backend=backend)),
-        compile_budget=activation_memory_budget,
-    )
-
-
-# ---------------------------------------------------------------------------- measuring
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
-    seen: dict[int, int] = {}
-    for tensor in tensors:
-        storage = tensor.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
-
-
-def cuda_context_bytes(device: torch.device) -> int:
-    """Device memory in use that the caching allocator does not hold: the context (and any
-    other process on the card)."""
-    free, total = torch.cuda.mem_get_info(device)
-    return total - free - torch.cuda.memory_reserved(device)
-
-
-def measure_memory(strategy: Strategy, work: Workload, context_bytes: int) -> None:
-    strategy.optimizer.zero_grad(set_to_none=True)
-    own = [*autockpt.tensors_of(strategy.model, strategy.optimizer), *work.inputs, work.target]
-    if work.device.type == "cuda":
-        strategy.measured = _cuda_peaks(strategy, work, own, context_bytes)
-        return
-    if strategy.compile_budget is not None:
-        return  # compiled code allocates outside the dispatcher: nothing to count
-    with autockpt.MemoryTracker(initial=own) as tracker:
-        strategy.step(work)
-    strategy.measured = {"tracked_bytes": tracker.peak_bytes}
-
-
-def _cuda_peaks(
-    strategy: Strategy, work: Workload, own: list[torch.Tensor], context_bytes: int
-) -> dict[str, int]:
-    """Peaks of one step as if this strategy were alone on the device.
-
-    ``memory_allocated`` before the step holds every strategy's model; only this one's
-    parameters, optimizer state and batch (``own``) belong to the step, so the rest is taken
-    off the peak. The cache is emptied first, so the reserved peak is this step's.
-    """
-    device = work.device
-    gc.collect()
-    torch.cuda.empty_cache()
-    _sync(device)
-    own_bytes = _storage_bytes(own)
-    allocated_before = torch.cuda.memory_allocated(device)
-    reserved_before = torch.cuda.memory_reserved(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    strategy.step(work)
-    _sync(device)
-    allocated = own_bytes + torch.cuda.max_memory_allocated(device) - allocated_before
-    reserved = own_bytes + torch.cuda.max_memory_reserved(device) - reserved_before
-    return {
-        "max_allocated_bytes": allocated,
-        "max_reserved_bytes": reserved,
-        "context_bytes": context_bytes,
-        "visible_bytes": reserved + context_bytes,
-    }
-
-
-def timed_step(strategy: Strategy, work: Workload) -> float:
-    _sync(work.device)
-    started = time.perf_counter()
-    strategy.step(work)
-    _sync(work.device)
-    return time.perf_counter() - started
-
-
-def _compile_within(strategy: Strategy, work: Workload, seconds: float) -> None:
-    started = time.perf_counter()
-    with time_limit(seconds):
-        strategy.step(work)
-    strategy.notes.append(f"first step, compiling: {time.perf_counter() - started:.1f} s")
-
-
-def _timed_into(strategy: Strategy, work: Workload) -> None:
-    strategy.step_s.append(timed_step(strategy, work))
-
-
-class CompileTimeout(Exception):
-    pass
-
-
-@contextmanager
-def time_limit(seconds: float | None) -> Iterator[None]:
-    """Raise :class:`CompileTimeout` after ``seconds`` (main thread, POSIX; None: no limit)."""
-    if not seconds or not hasattr(signal, "SIGALRM"):
-        yield
-        return
-
-    def expire(signum: int, frame: Any) -> None:
-        raise CompileTimeout(f"still compiling after {seconds:.0f} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def run_guarded(strategy: Strategy, work: Workload, action: Callable[[], Any]) -> bool:
-    """Run ``action``; an out-of-memory (or a compile error) marks the strategy failed."""
-    try:
-        action()
-        return True
-    except torch.OutOfMemoryError:
-        strategy.failed = "out of memory"
-    except Exception as error:  # noqa: BLE001 - compile and step failures are reported, not fatal
-        if strategy.compile_budget is None:
-            raise
-        strategy.failed = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-    strategy.optimizer.zero_grad(set_to_none=True)
-    gc.collect()
-    if work.device.type == "cuda":
-        torch.cuda.empty_cache()
-    return False
-
+from autockpt import format_bytes
+from tft.config import PRESET_NAMES
 
 # ---------------------------------------------------------------------------- the run
 
@@ -561,226 +252,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         (load_before, load_after),
         batch_search,
     )
-
-
-# ---------------------------------------------------------------------------- reporting
-
-
-def _actions(plan: autockpt.Plan | None) -> dict[str, Any]:
-    if plan is None:
-        return {}
-    return {
-        "num_recomputed": plan.num_recomputed,
-        "num_segments": len(plan.segments),
-        "chunks": {s.name: s.num_chunks for s in plan.segments if s.num_chunks > 1},
-        "num_micro_batches": plan.num_micro_batches,
-        "recomputed": [s.name for s in plan.segments if s.recomputed],
-    }
-
-
-def _measured_peak(strategy: Strategy) -> int | None:
-    measured = strategy.measured
-    return measured.get("tracked_bytes", measured.get("visible_bytes"))
-
-
-def row_of(strategy: Strategy, unplanned: int, baseline: Strategy) -> dict[str, Any]:
-    median_s = statistics.median(strategy.step_s) if strategy.step_s else None
-    min_s = min(strategy.step_s) if strategy.step_s else None
-    baseline_s = statistics.median(baseline.step_s) if baseline.step_s else None
-    baseline_min_s = min(baseline.step_s) if baseline.step_s else None
-    peak = _measured_peak(strategy)
-    held = None
-    if strategy.budget_bytes is not None and peak is not None:
-        held = peak <= strategy.budget_bytes
-    return {
-        "strategy": strategy.name,
-        "budget_bytes": strategy.budget_bytes,
-        "budget_fraction": strategy.budget_bytes / unplanned if strategy.budget_bytes else None,
-        "predicted_peak_bytes": strategy.predicted_peak_bytes,
-        "measured": strategy.measured,
-        "measured_peak_bytes": peak,
-        "measured_over_predicted": (
-            peak / strategy.predicted_peak_bytes if peak and strategy.predicted_peak_bytes else None
-        ),
-        "budget_held": held,
-        "step_s": strategy.step_s,
-        "median_step_s": median_s,
-        "ratio_to_no_checkpointing": median_s / baseline_s if median_s and baseline_s else None,
-        "min_step_s": min_s,
-        "min_ratio_to_no_checkpointing": min_s / baseline_min_s
-        if min_s and baseline_min_s
-        else None,
-        "planning_s": strategy.planning_s,
-        "actions": _actions(strategy.plan),
-        "failed": strategy.failed,
-        "notes": strategy.notes,
-    }
-
-
-def _mib(num_bytes: int | None) -> str:
-    """Bytes in MiB with three significant figures (KiB below one MiB)."""
-    if num_bytes is None:
-        return "-"
-    if num_bytes < 2**20:
-        return f"{num_bytes / 2**10:.3g} KiB"
-    value = num_bytes / 2**20
-    return f"{value:,.0f} MiB" if value >= 1000 else f"{value:.3g} MiB"
-
-
-def markdown_table(rows: list[dict[str, Any]], device: torch.device) -> str:
-    on_cuda = device.type == "cuda"
-    measured_heads = (
-        ["max allocated", "reserved + context"] if on_cuda else ["measured peak (tracked)"]
-    )
-    heads = [
-        "strategy",
-        "budget",
-        "predicted peak",
-        *measured_heads,
-        "held",
-        "step (median)",
-        "vs none",
-        "step (min)",
-        "vs none (min)",
-        "planning",
-        "recomputed",
-        "chunks",
-        "micro-batches",
-    ]
-    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    for row in rows:
-        budget = "-"
-        if row["budget_bytes"] is not None:
-            budget = f"{_mib(row['budget_bytes'])} ({row['budget_fraction']:.0%})"
-        measured = row["measured"]
-        if row["failed"]:
-            cells = [row["failed"]] + [""] * (len(measured_heads) - 1)
-        elif on_cuda:
-            cells = [_mib(measured.get("max_allocated_bytes")), _mib(measured.get("visible_bytes"))]
-        else:
-            cells = [_mib(measured.get("tracked_bytes")) if measured else "n/a"]
-        held = {True: "yes", False: "**no**", None: "-"}[row["budget_held"]]
-        median = row["median_step_s"]
-        ratio = row["ratio_to_no_checkpointing"]
-        fastest, fastest_ratio = row["min_step_s"], row["min_ratio_to_no_checkpointing"]
-        actions = row["actions"]
-        chunks = ", ".join(f"{name} x{k}" for name, k in actions.get("chunks", {}).items())
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    row["strategy"],
-                    budget,
-                    _mib(row["predicted_peak_bytes"]),
-                    *cells,
-                    held,
-                    "-" if median is None else f"{median * 1e3:,.0f} ms",
-                    "-" if ratio is None else f"{ratio:.2f}",
-                    "-" if fastest is None else f"{fastest * 1e3:,.0f} ms",
-                    "-" if fastest_ratio is None else f"{fastest_ratio:.2f}",
-                    "-" if row["planning_s"] is None else f"{row['planning_s']:.1f} s",
-                    f"{actions['num_recomputed']}/{actions['num_segments']}" if actions else "-",
-                    (chunks or "-") if actions else "-",
-                    str(actions["num_micro_batches"]) if actions else "-",
-                ]
-            )
-            + " |"
-        )
-    return "\n".join(lines)
-
-
-def machine_name() -> str:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
-    except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-
-
-def source_version() -> str:
-    """The checkout's commit, and whether files differ from it (numbers depend on the code)."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        changed = subprocess.run(
-            ["git", "status", "--porcelain", "--", "autockpt", "tft"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return f"{commit} with uncommitted changes" if changed else commit
-
-
-def report(
-    args: argparse.Namespace,
-    work: Workload,
-    strategies: list[Strategy],
-    reference: autockpt.Plan,
-    unplanned: int,
-    planning_wall_s: float,
-    loads: tuple[tuple[float, ...], tuple[float, ...]],
-    batch_search: list[str],
-) -> dict[str, Any]:
-    rows = [row_of(s, unplanned, strategies[0]) for s in strategies]
-    meta = {
-        "preset": args.preset,
-        "batch_size": work.config.batch_size,
-        "device": str(work.device),
-        "machine": machine_name() if work.device.type == "cpu" else torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "steps": args.steps,
-        "dropout": work.config.dropout,
-        "unplanned_peak_bytes": unplanned,
-        "unplanned_tensor_peak_bytes": reference.unplanned_peak_bytes
-        - reference.breakdown.context_bytes
-        - reference.breakdown.headroom_bytes,
-        "planning_wall_s_all_strategies": planning_wall_s,
-        "load_average_before": loads[0],
-        "load_average_after": loads[1],
-        "batch_search": batch_search,
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "source": source_version(),
-    }
-    return {"meta": meta, "rows": rows}
-
-
-def print_report(result: dict[str, Any]) -> None:
-    meta = result["meta"]
-    print(
-        f"{meta['preset']}, batch {meta['batch_size']}, dropout {meta['dropout']}, "
-        f"{meta['device']} ({meta['machine']}), {meta['threads']} threads, torch {meta['torch']}, "
-        f"{meta['steps']} timed steps per strategy"
-    )
-    print(f"source: {meta['source']}")
-    print(
-        f"unplanned peak: {_mib(meta['unplanned_peak_bytes'])}; load average "
-        f"{'/'.join(f'{x:.1f}' for x in meta['load_average_before'])} before, "
-        f"{'/'.join(f'{x:.1f}' for x in meta['load_average_after'])} after"
-    )
-    for line in meta["batch_search"]:
-        print(f"batch search: {line}")
-    print()
-    print(markdown_table(result["rows"], torch.device(meta["device"])))
-    print()
-    for row in result["rows"]:
-        for note in row["notes"]:
-            print(f"- {row['strategy']}: {note}")
-        if row["failed"]:
-            print(f"- {row['strategy']}: failed: {row['failed']}")
 
 
 def _fractions(text: str) -> list[float]:

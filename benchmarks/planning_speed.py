@@ -65,9 +65,17 @@ BUDGETS = (("unlimited", None), ("50%", 0.5), ("25%", 0.25))
 def stage_timers() -> Iterator[dict[str, float]]:
     """Seconds spent in each stage while active (the plan module's names are wrapped)."""
     seconds: dict[str, float] = defaultdict(float)
-    # The module, not the function ``autockpt.plan`` that the package exports under its name.
-    plan_module = importlib.import_module("autockpt.plan")
-    originals = {name: getattr(plan_module, name) for name in STAGES if hasattr(plan_module, name)}
+    # The modules that call the stages (not the function ``autockpt.plan``).
+    modules = [
+        importlib.import_module("autockpt.planner.planning"),
+        importlib.import_module("autockpt.planner.search"),
+    ]
+    originals = [
+        (module, name, getattr(module, name))
+        for module in modules
+        for name in STAGES
+        if hasattr(module, name)
+    ]
 
     def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(function)
@@ -80,13 +88,13 @@ def stage_timers() -> Iterator[dict[str, float]]:
 
         return wrapper
 
-    for name, function in originals.items():
-        setattr(plan_module, name, timed(name, function))
+    for module, name, function in originals:
+        setattr(module, name, timed(name, function))
     try:
         yield seconds
     finally:
-        for name, function in originals.items():
-            setattr(plan_module, name, function)
+        for module, name, function in originals:
+            setattr(module, name, function)
 
 
 def time_plan(

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import autockpt
-from autockpt.measure import default_loss
-from autockpt.memory import flat_tensors
+from autockpt.planner.measure import default_loss
+from autockpt.planner.memory import flat_tensors
 
 
 class MLPStack(nn.Module):

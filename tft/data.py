@@ -1,4 +1,9 @@
-"""A trader's Parquet file of bars -> normalised TFT windows.
+"""A trader's Parquet file of bars -> normalised TFT windows, and batches of them.
+
+This module cuts the rows into windows (:func:`load_windows`, :class:`WindowDataset`) and
+gathers batches (:class:`Batch`, :func:`iterate_batches`); the column roles and the reading and
+checking of the file are in :mod:`tft.columns`, the target transform and the statistics in
+:mod:`tft.normalize`.
 
 NOTE [Rows, windows and splits]
 Rows are grouped by symbol (file order kept within a symbol; timestamps must strictly increase
@@ -38,23 +43,29 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import NamedTuple
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from autockpt.errors import ConfigError, DataError
+from tft.columns import (
+    ColumnRoles,
+    _check_order,
+    _error,
+    _float_column,
+    _read_schema,
+    _read_table,
+    _resolve_roles,
+    _roles_difference,
+    _symbol_codes,
+    _timestamps,
+)
+from tft.normalize import Normalizer, _mean_std, _normalise_columns, _transform_target
 
 __all__ = [
     "CALENDAR_COLUMNS",
-    "NO_SYMBOL",
     "Batch",
-    "ColumnRoles",
-    "Normalizer",
     "WindowDataset",
     "WindowedData",
     "iterate_batches",
@@ -64,90 +75,9 @@ __all__ = [
 CALENDAR_COLUMNS = ("minute_of_day_sin", "minute_of_day_cos", "day_of_week_sin", "day_of_week_cos")
 """Known features derived from the timestamp (UTC), always the last known columns."""
 
-NO_SYMBOL = "default"
-"""Symbol name used when the file has no symbol column."""
-
 _NS_PER_MINUTE = 60 * 1_000_000_000
 _NS_PER_DAY = 1440 * _NS_PER_MINUTE
 _SPLIT_NAMES = ("train", "validation", "test")
-_ArrayOrTensor = TypeVar("_ArrayOrTensor", np.ndarray, torch.Tensor)
-
-
-class ColumnRoles(BaseModel):
-    """Which column of the file plays which part; see NOTE [Rows, windows and splits]."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-    timestamp: str = "timestamp"
-    """Timestamp column (a Parquet timestamp; naive times are read as UTC)."""
-    symbol: str | None = None
-    """Symbol column (string, dictionary or integer); None uses a column named "symbol" if any."""
-    target: str = "close"
-    """Numeric column to forecast."""
-    target_transform: Literal["log_return", "diff", "none"] = "log_return"
-    """What the model forecasts: log returns of the target, differences, or the value itself."""
-    known: list[str] = Field(default_factory=list)
-    """Numeric columns whose future values are known when forecasting (e.g. a holiday flag)."""
-    observed: list[str] | None = None
-    """Numeric past-only columns; None takes every numeric column not otherwise used."""
-
-
-class Normalizer(BaseModel):
-    """Per-column mean and standard deviation, and the roles and symbols they were fitted for.
-
-    ``roles`` is fully resolved (``observed`` listed, ``symbol`` filled in when the file had a
-    symbol column), so that passing this normalizer to :func:`load_windows` for another file
-    reads the same columns and gives each symbol the same index.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    roles: ColumnRoles
-    symbols: list[str]
-    target_mean: float
-    target_std: float
-    observed_mean: list[float]
-    observed_std: list[float]
-    known_mean: list[float]
-    known_std: list[float]
-
-    @model_validator(mode="after")
-    def _check_lengths(self) -> Normalizer:
-        for role, names, means, stds in (
-            ("observed", self.roles.observed or [], self.observed_mean, self.observed_std),
-            ("known", self.roles.known, self.known_mean, self.known_std),
-        ):
-            if not len(names) == len(means) == len(stds):
-                raise ValueError(f"{role} statistics need {len(names)} values each")
-        stds = [self.target_std, *self.observed_std, *self.known_std]
-        if not all(math.isfinite(std) and std > 0 for std in stds):
-            raise ValueError("standard deviations must be finite and > 0")
-        return self
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict (strings, floats, lists); :meth:`from_dict` reads it back."""
-        return self.model_dump(mode="json")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Normalizer:
-        """Rebuild a normalizer from :meth:`to_dict` output.
-
-        Raises:
-            DataError: the dict is not a saved normalizer.
-        """
-        try:
-            return cls.model_validate(data)
-        except ValidationError as error:
-            first = error.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "the dict"
-            raise DataError(
-                f"normalizer dict is not valid at {where}: {first['msg']}; "
-                "pass the dict written by Normalizer.to_dict()"
-            ) from None
-
-    def denormalize_target(self, values: _ArrayOrTensor) -> _ArrayOrTensor:
-        """Normalised target values (array or tensor) -> target-transform units."""
-        return values * self.target_std + self.target_mean
 
 
 class Batch(NamedTuple):
@@ -267,250 +197,6 @@ def iterate_batches(
         yield dataset.batch(order[begin : begin + batch_size])
 
 
-# ---------------------------------------------------------------------------- reading
-
-
-def _error(path: Path, text: str) -> DataError:
-    return DataError(f"{path}: {' '.join(text.split())}")
-
-
-def _columns_hint(schema: pa.Schema) -> str:
-    names = schema.names
-    shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
-    return f"the file has {shown}"
-
-
-def _read_schema(path: Path) -> pa.Schema:
-    if not path.exists():
-        raise _error(path, "no such file; check the path or write one with `autockpt make-data`")
-    if path.is_dir():
-        raise _error(path, "is a folder, not a Parquet file; pass the path of a .parquet file")
-    try:
-        return pq.read_schema(path)
-    except (pa.ArrowException, OSError) as error:
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise _error(
-            path, f"cannot be read as Parquet ({reason}); pass a Parquet file of bars"
-        ) from None
-
-
-def _is_numeric(kind: pa.DataType) -> bool:
-    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
-
-
-def _is_symbol_type(kind: pa.DataType) -> bool:
-    if pa.types.is_dictionary(kind):
-        kind = kind.value_type
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind)
-
-
-def _resolve_roles(path: Path, schema: pa.Schema, roles: ColumnRoles) -> ColumnRoles:
-    """Check the roles against the file and fill in the automatic symbol and observed columns."""
-
-    def field(name: str, role: str, option: str) -> pa.Field:
-        if name not in schema.names:
-            raise _error(
-                path,
-                f"no {role} column '{name}' ({_columns_hint(schema)}); "
-                f"name the right column with ColumnRoles({option}=...)",
-            )
-        return schema.field(name)
-
-    def numeric(name: str, role: str, option: str) -> None:
-        kind = field(name, role, option).type
-        if not _is_numeric(kind):
-            raise _error(
-                path,
-                f"{role} column '{name}' has type {kind}, not a number; "
-                f"convert it to numbers or leave it out of ColumnRoles({option}=...)",
-            )
-
-    if not pa.types.is_timestamp(field(roles.timestamp, "timestamp", "timestamp").type):
-        kind = schema.field(roles.timestamp).type
-        raise _error(
-            path,
-            f"timestamp column '{roles.timestamp}' has type {kind}, not a timestamp; "
-            "store it as a Parquet timestamp or name another column with ColumnRoles(timestamp=...)",
-        )
-    symbol = roles.symbol
-    if symbol is not None and not _is_symbol_type(field(symbol, "symbol", "symbol").type):
-        raise _error(
-            path,
-            f"symbol column '{symbol}' has type {schema.field(symbol).type}, not text or integer; "
-            "store symbols as strings or set ColumnRoles(symbol=None)",
-        )
-    if symbol is None and "symbol" in schema.names:
-        symbol = "symbol" if _is_symbol_type(schema.field("symbol").type) else None
-    numeric(roles.target, "target", "target")
-    reserved = {roles.timestamp, symbol}
-    for name in roles.known:
-        numeric(name, "known", "known")
-    if roles.observed is None:
-        taken = reserved | {roles.target, *roles.known}
-        observed = [f.name for f in schema if f.name not in taken and _is_numeric(f.type)]
-    else:
-        observed = list(roles.observed)
-        for name in observed:
-            numeric(name, "observed", "observed")
-    for role, names in (("known", roles.known), ("observed", observed)):
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:
-            raise _error(path, f"column '{repeated[0]}' is listed twice as {role}; list it once")
-    clashes = [name for name in roles.known if name in observed or name in reserved]
-    clashes += [name for name in observed if name in reserved]
-    if roles.target in roles.known:
-        clashes.append(roles.target)
-    if clashes:
-        raise _error(
-            path,
-            f"column '{clashes[0]}' has two roles (timestamp, symbol, target, known, observed); "
-            "give each column one role in ColumnRoles",
-        )
-    return roles.model_copy(update={"symbol": symbol, "observed": observed})
-
-
-def _roles_difference(file_roles: ColumnRoles, fitted: ColumnRoles) -> str:
-    for key in ColumnRoles.model_fields:
-        here, there = getattr(file_roles, key), getattr(fitted, key)
-        if here == there:
-            continue
-        if isinstance(here, list) and isinstance(there, list):
-            extra = [name for name in here if name not in there]
-            lacking = [name for name in there if name not in here]
-            here = f"{len(here)} columns" + (f" with '{extra[0]}'" if extra else "")
-            there = f"{len(there)} columns" + (f" with '{lacking[0]}'" if lacking else "")
-        return (
-            f"roles differ from the normalizer's: {key} is {here} here but {there} when it was "
-            "fitted; load the file with the roles used for training"
-        )
-    raise AssertionError("roles differ in no field")
-
-
-def _read_table(path: Path, columns: list[str]) -> pa.Table:
-    try:
-        table = pq.read_table(path, columns=columns)
-    except (pa.ArrowException, OSError) as error:
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise _error(
-            path, f"cannot be read as Parquet ({reason}); pass a Parquet file of bars"
-        ) from None
-    if table.num_rows == 0:
-        raise _error(path, "has no rows; pass a file with bars in it")
-    return table
-
-
-def _float_column(table: pa.Table, name: str) -> np.ndarray:
-    return table[name].cast(pa.float64()).fill_null(math.nan).to_numpy()
-
-
-def _iso(time_ns: int) -> str:
-    return str(np.datetime64(int(time_ns), "ns"))
-
-
-def _timestamps(path: Path, table: pa.Table, name: str) -> np.ndarray:
-    column = table[name]
-    if column.null_count:
-        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-        raise _error(path, f"timestamp column '{name}' is empty at row {row}; drop that row")
-    try:
-        as_ns = column.cast(pa.timestamp("ns", tz=column.type.tz))
-    except pa.ArrowInvalid:
-        raise _error(
-            path, f"timestamp column '{name}' has times outside 1678-2261; drop those rows"
-        ) from None
-    return as_ns.cast(pa.int64()).to_numpy()
-
-
-def _symbol_codes(
-    path: Path, table: pa.Table, name: str | None, known_symbols: list[str] | None
-) -> tuple[np.ndarray, list[str]]:
-    """(per-row symbol index, symbol names); names are sorted unless given by a normalizer."""
-    if name is None:
-        return np.zeros(table.num_rows, dtype=np.int64), known_symbols or [NO_SYMBOL]
-    column = table[name].cast(pa.string())
-    if column.null_count:
-        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-        raise _error(path, f"symbol column '{name}' is empty at row {row}; fill it or drop it")
-    present = sorted(pc.unique(column).to_pylist())
-    symbols = present if known_symbols is None else known_symbols
-    unknown = [symbol for symbol in present if symbol not in symbols]
-    if unknown:
-        raise _error(
-            path,
-            f"symbol '{unknown[0]}' in column '{name}' was not in the training data "
-            f"(which had {', '.join(symbols)}); keep only those symbols",
-        )
-    codes = pc.index_in(column, value_set=pa.array(symbols, type=pa.string()))
-    return codes.to_numpy().astype(np.int64), symbols
-
-
-def _check_order(
-    path: Path, time_ns: np.ndarray, codes: np.ndarray, file_rows: np.ndarray, symbols: list[str]
-) -> None:
-    same_symbol = codes[1:] == codes[:-1]
-    bad = np.flatnonzero(same_symbol & (time_ns[1:] <= time_ns[:-1]))
-    if len(bad) == 0:
-        return
-    i = int(bad[0])
-    row, previous = int(file_rows[i + 1]), int(file_rows[i])
-    symbol = symbols[int(codes[i])]
-    if time_ns[i + 1] == time_ns[i]:
-        raise _error(
-            path,
-            f"row {row} repeats the timestamp {_iso(time_ns[i])} of row {previous} for symbol "
-            f"'{symbol}'; drop duplicate bars",
-        )
-    raise _error(
-        path,
-        f"row {row} ({_iso(time_ns[i + 1])}) is earlier than row {previous} "
-        f"({_iso(time_ns[i])}) for symbol '{symbol}'; sort the file by symbol and timestamp",
-    )
-
-
-def _check_finite(path: Path, name: str, values: np.ndarray, file_rows: np.ndarray) -> None:
-    finite = np.isfinite(values)
-    if finite.all():
-        return
-    if not finite.any():
-        raise _error(
-            path,
-            f"column '{name}' has no finite value (all null/NaN); drop the column or list the "
-            "columns to use in ColumnRoles(observed=...)",
-        )
-    row = int(file_rows[np.argmin(finite)])
-    value = values[np.argmin(finite)]
-    raise _error(
-        path,
-        f"column '{name}' is {'null/NaN' if np.isnan(value) else value} at row {row}; "
-        "fill or drop that row (NaN and inf are not accepted)",
-    )
-
-
-def _transform_target(
-    path: Path,
-    name: str,
-    transform: str,
-    values: np.ndarray,
-    first_of_symbol: np.ndarray,
-    file_rows: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(transformed target for the kept rows, kept-row mask)."""
-    _check_finite(path, name, values, file_rows)
-    if transform == "none":
-        return values, np.ones(len(values), dtype=bool)
-    if transform == "log_return":
-        bad = np.flatnonzero(values <= 0)
-        if len(bad):
-            raise _error(
-                path,
-                f"target column '{name}' is {values[bad[0]]} at row {file_rows[bad[0]]}; "
-                "log returns need prices > 0: fix the row or use target_transform='diff'",
-            )
-        values = np.log(values)
-    keep = ~first_of_symbol
-    return (values[1:] - values[:-1])[keep[1:]], keep
-
-
 # ---------------------------------------------------------------------------- splitting
 
 
@@ -572,37 +258,6 @@ def _too_short(
         f"there has {longest}; lower the encoder length or the horizon{way_out} or use a longer "
         "file",
     )
-
-
-def _mean_std(values: np.ndarray) -> tuple[float, float]:
-    mean = float(values.mean())
-    std = float(values.std())
-    return mean, std if std > 0 and math.isfinite(std) else 1.0
-
-
-def _normalise_columns(
-    path: Path,
-    table: pa.Table,
-    names: list[str],
-    file_rows: np.ndarray,
-    train_rows: np.ndarray,
-    stats: tuple[list[float], list[float]] | None,
-    out: np.ndarray,
-) -> tuple[list[float], list[float]]:
-    """Write the normalised columns into ``out`` (N, len(names)); return (means, stds).
-
-    The statistics are fitted on ``train_rows`` unless ``stats`` gives them.
-    """
-    means: list[float] = []
-    stds: list[float] = []
-    for j, name in enumerate(names):
-        values = _float_column(table, name)[file_rows]
-        _check_finite(path, name, values, file_rows)
-        mean, std = _mean_std(values[train_rows]) if stats is None else (stats[0][j], stats[1][j])
-        means.append(mean)
-        stds.append(std)
-        out[:, j] = (values - mean) / std
-    return means, stds
 
 
 def _calendar(time_ns: np.ndarray) -> np.ndarray:

@@ -1,0 +1,223 @@
+"""The subcommands' handlers: ``make-data``, ``plan``, ``train``, ``demo`` and ``predict``.
+
+Each handler is a small function taking the parsed arguments and the console and returning an
+exit code; :data:`HANDLERS` maps the subcommand names of :mod:`autockpt.cli.parser` to them.
+Handlers raise :class:`~autockpt.errors.AutockptError` for every user mistake and leave turning
+it into one line on stderr to :func:`autockpt.cli.main.main`. They import torch and the
+training package lazily, so ``autockpt --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from autockpt.cli.parser import comma_list, overrides
+from autockpt.cli.plot import check_plot_available, plot_plan
+from autockpt.cli.report import print_plan
+from autockpt.errors import ConfigError, InfeasibleBudgetError
+from autockpt.planner.units import format_bytes
+
+if TYPE_CHECKING:
+    from autockpt.training.config import TrainConfig
+    from autockpt.training.prepare import Setup
+    from autockpt.training.runs import RunFolder
+
+#: What a handler returns when Ctrl-C stopped it (128 + SIGINT, as shells do).
+EXIT_INTERRUPTED = 130
+
+Handler = Callable[[argparse.Namespace, Console], int]
+
+
+def _load_config(args: argparse.Namespace, **extra: Any) -> TrainConfig:
+    """The run's settings: the ``--config`` file, then the command line, then ``extra``."""
+    from autockpt.training.config import load_train_config
+
+    return load_train_config(args.config, {**overrides(args), **extra})
+
+
+def cmd_make_data(args: argparse.Namespace, console: Console) -> int:
+    """Write synthetic bars (``tft.synthetic``) to a Parquet file."""
+    from tft.synthetic import write_bars
+
+    symbols = list(comma_list(args.symbols))
+    path = write_bars(
+        args.out, days=args.days, num_features=args.features, symbols=symbols, seed=args.seed
+    )
+    console.print(
+        f"wrote {path}: {len(symbols)} symbols x {args.days} days of 1-minute bars, "
+        f"{args.features} features"
+    )
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    """Plan without training: the report (or JSON with --quiet), --json and --plot files."""
+    from autockpt.training.prepare import prepare
+    from autockpt.training.runs import write_text_atomic
+
+    check_plot_available(args.plot)
+    config = _load_config(args)
+    if args.world_size is not None and args.world_size < 1:
+        raise ConfigError(f"--world-size {args.world_size} must be 1 or more")
+    setup = prepare(config, plan_world_size=args.world_size or 1)
+    if config.quiet:
+        print(setup.plan.model_dump_json())
+    else:
+        for note in setup.notes:
+            console.print(f"[dim]{note}[/dim]")
+        print_plan(console, setup.plan, budget_given=setup.budget is not None)
+    if args.json is not None:
+        write_text_atomic(args.json, setup.plan.model_dump_json(indent=2))
+    if args.plot is not None:
+        plot_plan(setup.plan, args.plot, budget_given=setup.budget is not None)
+    if not config.quiet:
+        for written in (args.json, args.plot):
+            if written is not None:
+                console.print(f"wrote {written}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace, console: Console) -> int:
+    """Train; under ``torchrun`` every rank runs this (NOTE [Distributed training])."""
+    from autockpt.training.distributed import (
+        process_group,
+        resolve_parallelism,
+        world_from_environment,
+    )
+    from autockpt.training.runs import resume_run, resumed_config, start_run
+    from autockpt.training.settings import resolve_device
+
+    world = world_from_environment()
+    run: RunFolder | None = None
+    if args.resume is not None:
+        given = overrides(args)
+        if "out" in given and Path(given["out"]) != args.resume:
+            raise ConfigError(
+                f"--out {given['out']} and --resume {args.resume} name different folders; "
+                "a resumed run continues in its own folder, so drop --out"
+            )
+        run, config = resumed_config(args.resume, args.config, given)
+    else:
+        config = _load_config(args)
+    resolve_parallelism(config.strategy, world.world_size)  # a bad combination fails here
+    with process_group(world, world.device(resolve_device(config.device))):
+        if run is not None:
+            setup, checkpoint = resume_run(run, config, world=world)
+        else:
+            setup, run = start_run(config, world=world)
+            checkpoint = None
+        return _run_training(setup, run, console, checkpoint=checkpoint)
+
+
+def cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    """Briefly train the tiny model on the sample, under half its unplanned peak."""
+    from autockpt.training.prepare import prepare
+    from autockpt.training.runs import start_run
+
+    config = _load_config(
+        args,
+        preset=args.preset or "tiny",
+        epochs=args.epochs or 2,
+        max_steps_per_epoch=args.max_steps_per_epoch or 20,
+    )
+    if config.out is None:
+        config = config.with_updates(out=Path(tempfile.mkdtemp(prefix="autockpt-demo-")) / "run")
+    if config.vram_budget is None:
+        # Show the planner at work: half of what the step takes with nothing recomputed.
+        unplanned = prepare(config).plan
+        try:
+            # A one-byte budget makes the planner examine everything and say its minimum.
+            prepare(config.with_updates(vram_budget="1"))
+            minimum = 1
+        except InfeasibleBudgetError as error:
+            minimum = error.minimum_bytes
+        target = max(unplanned.unplanned_peak_bytes // 2, int(minimum * 1.1))
+        if not config.quiet:
+            console.print(
+                f"demo: the step takes {format_bytes(unplanned.unplanned_peak_bytes)} with "
+                f"nothing recomputed; planning for {format_bytes(target)} instead"
+            )
+        config = config.with_updates(vram_budget=str(target))
+    setup, run = start_run(config)
+    return _run_training(setup, run, console, checkpoint=None)
+
+
+def _run_training(
+    setup: Setup, run: RunFolder, console: Console, *, checkpoint: dict[str, Any] | None
+) -> int:
+    """Print the plan, then train with the reporter the rank and --quiet call for."""
+    from autockpt.training.distributed import SilentReporter
+    from autockpt.training.progress import JsonLinesReporter, Reporter, RichReporter
+    from autockpt.training.train import train
+
+    reporter: Reporter
+    if not setup.world.is_main:
+        reporter = SilentReporter()
+    elif setup.config.quiet:
+        reporter = JsonLinesReporter()
+    else:
+        for note in setup.notes:
+            console.print(f"[dim]{note}[/dim]")
+        print_plan(console, setup.plan, budget_given=setup.budget is not None)
+        if setup.world.is_distributed:
+            console.print(
+                f"ranks:         {setup.world.world_size} {setup.parallelism} "
+                f"({setup.device.type}), each a batch of {setup.batch_size} under the budget "
+                f"above; global batch {setup.global_batch_size}"
+            )
+        console.print(f"run folder:    {run.path}")
+        reporter = RichReporter(console)
+    try:
+        summary = train(setup, run, reporter, checkpoint=checkpoint)
+    except KeyboardInterrupt:
+        if not setup.world.is_main:
+            return EXIT_INTERRUPTED
+        print(
+            f"interrupted: the last finished epoch is saved in {run.path}; continue with "
+            f"autockpt train --resume {run.path}",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    if (
+        setup.world.is_main
+        and summary["budget_bytes"] is not None
+        and not summary["within_budget"]
+        and not setup.config.quiet
+    ):
+        console.print("[red]the run went over the budget at least once; see metrics.jsonl[/red]")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace, console: Console) -> int:
+    """Write a trained run's quantile forecasts for a data file."""
+    from autockpt.training.predict import predict
+
+    result = predict(
+        args.run,
+        args.data,
+        args.output,
+        device=args.device or "auto",
+        batch_size=args.batch_size,
+    )
+    console.print(
+        f"wrote {result.num_rows:,} forecasts ({result.num_windows:,} windows x horizon "
+        f"{result.horizon}) to {result.path}"
+    )
+    return 0
+
+
+#: The handler of each subcommand, by the name :mod:`autockpt.cli.parser` gives it.
+HANDLERS: dict[str, Handler] = {
+    "make-data": cmd_make_data,
+    "plan": cmd_plan,
+    "train": cmd_train,
+    "demo": cmd_demo,
+    "predict": cmd_predict,
+}

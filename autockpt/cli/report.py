@@ -1,0 +1,114 @@
+"""The plan report: the memory plan as a table with a few lines of totals under it.
+
+:func:`print_plan` shows what the planner chose, one row per segment: its activation memory
+(with a bar against the largest), whether it is kept or recomputed (and in how many chunks), and
+what recomputing it costs. Under the table: the budget, the predicted peak and its breakdown, the
+step time the plan adds, micro-batching and the planner's notes. ``plan``, ``train`` and ``demo``
+print it before anything else.
+
+On a terminal rich fits the table to the window (folding long segment names); in a file or a
+pipe the console from :func:`autockpt.cli.console.make_console` is wide enough that every column
+is printed in full and every row on one line.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from autockpt.planner.units import format_bytes
+
+if TYPE_CHECKING:
+    from autockpt.planner.plan_model import Plan
+
+
+def _bar(fraction: float, width: int = 12) -> str:
+    filled = max(0, min(width, round(fraction * width)))
+    return "█" * filled + "·" * (width - filled)
+
+
+def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
+    """The plan as a table: per-segment memory bars, actions, the peak and its breakdown."""
+    largest = max((s.saved_bytes for s in plan.segments), default=1) or 1
+    ranks = (
+        f"batch {plan.batch_size} per rank, {plan.world_size} ranks {plan.parallelism}"
+        if plan.world_size > 1
+        else f"batch {plan.batch_size}"
+    )
+    table = Table(title=f"memory plan ({plan.strategy}, {ranks}, {plan.device})")
+    table.add_column("#", justify="right")
+    table.add_column("segment", overflow="fold", min_width=20)
+    table.add_column("activations", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    table.add_column("plan")
+    table.add_column("recompute", justify="right", no_wrap=True)
+    for index, segment in enumerate(plan.segments):
+        if not segment.recomputed:
+            action = "[green]kept[/green]"
+        elif segment.num_chunks > 1:
+            action = f"[yellow]recomputed, {segment.num_chunks} chunks[/yellow]"
+        else:
+            action = "[yellow]recomputed[/yellow]"
+        table.add_row(
+            str(index),
+            segment.name,
+            format_bytes(segment.saved_bytes),
+            _bar(segment.saved_bytes / largest),
+            action,
+            f"{segment.recompute_s * 1000:.2f} ms" if segment.recomputed else "-",
+        )
+    console.print(table)
+    breakdown = plan.breakdown
+    parts = [
+        ("parameters", breakdown.parameters_bytes),
+        ("gradients", breakdown.gradients_bytes),
+        ("optimizer state", breakdown.optimizer_state_bytes),
+        ("batch (inputs, targets)", breakdown.inputs_bytes),
+        ("activations", breakdown.activations_bytes),
+        ("transient", breakdown.transient_bytes),
+        ("gathered by FSDP", breakdown.gathered_bytes),
+        ("CUDA context", breakdown.context_bytes),
+        ("allocator headroom", breakdown.headroom_bytes),
+    ]
+    per_rank = " per rank" if plan.world_size > 1 else ""
+    console.print(
+        "budget:        " + (plan.budget_reading + per_rank if budget_given else _no_budget_text())
+    )
+    if plan.world_size > 1:
+        held = "its shards of " if plan.parallelism == "fsdp" else "all of "
+        console.print(
+            f"ranks:         {plan.world_size} ({plan.parallelism}); each holds {held}the "
+            "parameters, gradients and optimizer state; the peak and breakdown are one rank's"
+        )
+    verdict = "[green]fits[/green]" if plan.fits else "[red]does not fit[/red]"
+    against = f" of budget {format_bytes(plan.budget_bytes)} ({verdict})" if budget_given else ""
+    console.print(
+        f"peak:          {format_bytes(plan.predicted_peak_bytes)} predicted{against}; "
+        f"{format_bytes(plan.unplanned_peak_bytes)} with nothing recomputed; minimum about "
+        f"{format_bytes(plan.minimum_feasible_bytes)} (the planner's estimate)"
+    )
+    console.print(
+        "breakdown:     "
+        + per_rank.strip()
+        + (": " if per_rank else "")
+        + ", ".join(f"{name} {format_bytes(size)}" for name, size in parts if size)
+    )
+    overhead = plan.predicted_extra_s / plan.unplanned_step_s if plan.unplanned_step_s else 0.0
+    console.print(
+        f"step time:     +{plan.predicted_extra_s * 1000:.2f} ms predicted over "
+        f"{plan.unplanned_step_s * 1000:.2f} ms (+{overhead:.0%}); "
+        f"{plan.num_recomputed} of {len(plan.segments)} segments recomputed"
+    )
+    if plan.num_micro_batches > 1:
+        console.print(
+            f"micro-batches: {plan.num_micro_batches} of at most "
+            f"{-(-plan.batch_size // plan.num_micro_batches)} samples, gradients accumulated"
+        )
+    for note in plan.notes:
+        console.print(f"note:          {note}")
+
+
+def _no_budget_text() -> str:
+    return "none given: on the CPU training is not limited (pass --vram-budget to plan for one)"

@@ -1,0 +1,331 @@
+"""From measured profiles to the solver's chain, and from the solver's answer back to actions.
+
+The chain's positions are the traced model's segments (NOTE [Cut points]). Each position can
+be kept or recomputed on its own, with the numbers of the all-kept and all-recomputed profiles
+(NOTE [Chain memory model]). Where a region (a run of segments with a small outer boundary)
+starts, two more kinds of option span the whole region: recompute it as one unit, with the
+numbers of the profile in which every region is recomputed whole, and, if the region is
+batch-separable, recompute it in ``k`` chunks. Chunk numbers are scaled from the whole-region
+ones: interiors shrink by ``k``, the boundary and its gradient do not; the plan's final
+measurement checks the result.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch.fx as fx
+
+from autockpt.planner.measure import StepProfile
+from autockpt.planner.module_chain import ModuleChain
+from autockpt.planner.segmented import SegmentAction
+from autockpt.planner.separable import Separability
+from autockpt.planner.solve import Chain, Option, Solution
+from autockpt.planner.timing import TimeModel
+from autockpt.planner.trace import Segment, TracedModel, segments_from_node_lists
+
+#: Chunk counts the planner may give a batch-separable region.
+CHUNK_CHOICES = (2, 4, 8, 16, 32)
+#: Micro-batch counts the planner may split a batch-separable step into.
+MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16, 32)
+
+_CHUNKS = re.compile(r"in (\d+) chunks$")
+
+
+@dataclass(frozen=True)
+class Profiles:
+    """The measured steps a chain is built from (at one batch size).
+
+    Attributes:
+        kept: every segment kept.
+        recomputed: every segment recomputed on its own; ``None`` when the kept profile already
+            shows that plain recompute cannot fit (see :func:`recompute_lower_bound_bytes`):
+            a segment then gets a plain recompute option only where it is a region of its own.
+        regions: every region recomputed whole; ``None`` until region options are needed.
+    """
+
+    kept: StepProfile
+    recomputed: StepProfile | None
+    regions: StepProfile | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A solver answer turned into what to run: segments (regions merged) and their actions."""
+
+    segments: list[Segment]
+    actions: list[SegmentAction]
+    reasons: list[str]
+    num_micro_batches: int
+    spans: list[tuple[int, int]]
+    """For each segment run, the chain positions ``(first, end)`` it covers."""
+
+
+class ChainBuilder:
+    """Builds chains from profiles and decodes solutions (see the module docstring)."""
+
+    def __init__(
+        self, traced: TracedModel | ModuleChain, time_model: TimeModel, batch_size: int
+    ) -> None:
+        self.traced = traced
+        self.time_model = time_model
+        self.batch_size = batch_size
+        self._region_at = {start: (i, end) for i, (start, end) in enumerate(traced.regions)}
+
+    def recompute_s(self, profile: StepProfile, index: int) -> float:
+        """Estimated seconds of one forward of segment ``index`` (NOTE [Time model])."""
+        segment = profile.segments[index]
+        return self.time_model.seconds(
+            flops=segment.forward_flops,
+            moved_bytes=segment.forward_moved_bytes,
+            num_ops=segment.forward_num_ops,
+        )
+
+    def micro_batch_s(self, profile: StepProfile, num_micro_batches: int) -> float:
+        """Per-op overhead paid again by every extra micro-batch (forward and backward)."""
+        num_ops = sum(s.forward_num_ops for s in profile.segments)
+        return 3 * (num_micro_batches - 1) * num_ops * self.time_model.op_overhead_s
+
+    def chain(
+        self,
+        whole: Profiles,
+        half: Profiles | None,
+        num_micro_batches: int,
+        separability: Separability | None,
+    ) -> Chain:
+        """The chain at ``num_micro_batches`` pieces (fitted from the half-batch profiles)."""
+        k_terms = _terms(whole.kept)
+        r_terms = _terms(whole.recomputed) if whole.recomputed is not None else None
+        g_terms = _terms(whole.regions) if whole.regions is not None else None
+        if num_micro_batches > 1:
+            assert half is not None
+            half_share = piece_share(self.batch_size, 2)
+            share = piece_share(self.batch_size, num_micro_batches)
+            k_terms = _extrapolate(k_terms, _terms(half.kept), half_share, share)
+            if r_terms is not None and half.recomputed is not None:
+                r_terms = _extrapolate(r_terms, _terms(half.recomputed), half_share, share)
+            if g_terms is not None and half.regions is not None:
+                g_terms = _extrapolate(g_terms, _terms(half.regions), half_share, share)
+        options = []
+        for index in range(len(self.traced.segments)):
+            cost_s = self.recompute_s(whole.kept, index)
+            segment_options = [_option("keep", k_terms, index, 0.0)]
+            if r_terms is not None:
+                segment_options.append(_option("recompute", r_terms, index, cost_s))
+            elif g_terms is not None and (own := self._own_region(index)) is not None:
+                # A region of one segment: the region profile recomputed it on its own.
+                segment_options.append(_option("recompute", g_terms, own, cost_s))
+            if g_terms is not None and index in self._region_at:
+                segment_options += self._region_options(
+                    index, g_terms, whole.kept, num_micro_batches, separability
+                )
+            options.append(tuple(segment_options))
+        loss = max(k_terms["loss"][0], *(t["loss"][0] for t in (r_terms, g_terms) if t))
+        return Chain(
+            start_bytes=int(k_terms["start"][0]),
+            options=tuple(options),
+            loss_bytes=int(loss),
+            fixed_peak_bytes=int(k_terms["optimizer"][0]),
+        )
+
+    def _own_region(self, index: int) -> int | None:
+        """The region index of segment ``index`` if that region holds it alone, else None."""
+        region, end = self._region_at.get(index, (None, None))
+        return region if end == index + 1 else None
+
+    def boundary_bytes(self, whole: Profiles, first: int, end: int) -> int:
+        """Bytes chain positions ``first..end-1`` keep alive when recomputed as one unit."""
+        region, region_end = self._region_at.get(first, (None, None))
+        if whole.regions is not None and region is not None and region_end == end:
+            return max(kept_increments(whole.regions)[region], 0)
+        if whole.recomputed is not None:
+            return max(kept_increments(whole.recomputed)[end - 1], 0)
+        # Never measured recomputed: its inputs and outputs are what it would keep.
+        segment = whole.kept.segments[end - 1]
+        return segment.input_bytes + segment.output_bytes
+
+    def _region_options(
+        self,
+        index: int,
+        terms: dict[str, list[float]],
+        kept: StepProfile,
+        num_micro_batches: int,
+        separability: Separability | None,
+    ) -> list[Option]:
+        region, end = self._region_at[index]
+        span = end - index
+        cost_s = sum(self.recompute_s(kept, i) for i in range(index, end))
+        whole = _option("recompute region", terms, region, cost_s, span=span)
+        options = [whole] if span > 1 else []
+        if separability is None or not separability.chunkable[region]:
+            return options
+        # Every piece of the batch must split into whole samples.
+        piece_sizes = {len(p) for p in _pieces(self.batch_size, max(num_micro_batches, 1))}
+        boundary = terms["io"][region]
+        num_ops = sum(kept.segments[i].forward_num_ops for i in range(index, end))
+        for chunks in CHUNK_CHOICES:
+            if chunks > min(piece_sizes):
+                break
+            if any(size % chunks for size in piece_sizes):
+                # Chunks must hold whole samples (a variable-major dim holds B * T rows).
+                continue
+            # Interiors shrink with the chunk; the boundary and its gradients do not.
+            forward = boundary + max(whole.forward_bytes - boundary, 0) / chunks
+            backward = 2 * boundary + max(whole.backward_bytes - 2 * boundary, 0) / chunks
+            overhead = 2 * (chunks - 1) * num_ops * self.time_model.op_overhead_s
+            options.append(
+                Option(
+                    label=f"recompute region in {chunks} chunks",
+                    kept_bytes=whole.kept_bytes,
+                    forward_bytes=int(forward),
+                    backward_bytes=int(backward),
+                    extra_s=whole.extra_s + overhead,
+                    span=span,
+                )
+            )
+        return options
+
+    def decode(
+        self,
+        chain: Chain,
+        solution: Solution,
+        separability: Separability | None,
+        num_micro_batches: int,
+    ) -> Decision:
+        """The segments to run (regions merged where an option spans them) and their actions."""
+        node_lists: list[tuple[str, ...]] = []
+        actions, reasons, spans = [], [], []
+        position = 0
+        while position < len(chain.options):
+            option = chain.options[position][solution.choice[position]]
+            end = position + option.span
+            node_lists.append(
+                tuple(n for s in self.traced.segments[position:end] for n in s.node_names)
+            )
+            chunks = int(match.group(1)) if (match := _CHUNKS.search(option.label)) else 1
+            input_dims: tuple[int | None, ...] = ()
+            output_dims: tuple[int, ...] = ()
+            if chunks > 1:
+                assert separability is not None, "chunk options need the separability probe"
+                region = self._region_at[position][0]
+                input_dims = separability.input_batch_dims[region]
+                output_dims = separability.output_batch_dims[region]
+            actions.append(
+                SegmentAction(
+                    recompute=option.label != "keep",
+                    num_chunks=chunks,
+                    input_batch_dims=input_dims,
+                    output_batch_dims=output_dims,
+                )
+            )
+            reasons.append(option.label)
+            spans.append((position, end))
+            position = end
+        if all(end - first == 1 for first, end in spans):
+            segments = [self.traced.segments[first] for first, _ in spans]
+        else:
+            # Only fx chains have regions that span several segments.
+            assert isinstance(self.traced, TracedModel), "merged regions need an fx graph"
+            graph: fx.Graph = self.traced.graph_module.graph
+            segments = list(segments_from_node_lists(graph, node_lists))
+        return Decision(segments, actions, reasons, num_micro_batches, spans)
+
+
+def kept_increments(profile: StepProfile) -> list[int]:
+    """Bytes each segment of a profile leaves alive for later ones (``kept_bytes``)."""
+    starts = [profile.start_bytes, *(s.end_bytes for s in profile.segments[:-1])]
+    return [s.end_bytes - start for s, start in zip(profile.segments, starts, strict=True)]
+
+
+def recompute_lower_bound_bytes(kept: StepProfile) -> int:
+    """A peak no plan of plain recomputes, segment by segment, can go below, from the kept
+    profile alone.
+
+    While segment ``i`` runs backward, a plan holds what the kept step holds then, less at
+    most what earlier segments had left alive when ``i`` started forward (a recomputed
+    segment keeps only its boundary): its own interior, rebuilt if recomputed, the gradients
+    and the state are the same. So every such plan peaks at least at
+    ``backward_peak_i - (start_i - start)`` for every ``i``. The planner skips measuring the
+    all-recomputed step when the budget is below this.
+    """
+    return max(
+        (s.backward_peak_bytes - (s.start_bytes - kept.start_bytes) for s in kept.segments),
+        default=0,
+    )
+
+
+def _terms(profile: StepProfile) -> dict[str, list[float]]:
+    """Per-segment increments of a profile (NOTE [Chain memory model])."""
+    kept = [float(b) for b in kept_increments(profile)]
+    forward, backward, io = [], [], []
+    previous_end = profile.start_bytes
+    for segment in profile.segments:
+        forward.append(float(max(segment.forward_peak_bytes - previous_end, 0)))
+        backward.append(float(max(segment.backward_peak_bytes - previous_end, 0)))
+        io.append(float(segment.input_bytes + segment.output_bytes))
+        previous_end = segment.end_bytes
+    return {
+        "start": [float(profile.start_bytes)],
+        "kept": kept,
+        "forward": forward,
+        "backward": backward,
+        "io": io,
+        "loss": [float(max(profile.phase_peak_bytes.get("loss", 0) - previous_end, 0))],
+        "optimizer": [float(profile.phase_peak_bytes.get("optimizer", 0))],
+    }
+
+
+def _extrapolate(
+    whole: dict[str, list[float]],
+    half: dict[str, list[float]],
+    half_share: float,
+    share: float,
+) -> dict[str, list[float]]:
+    """Fit ``a + c * s`` through the whole batch (``s = 1``) and the largest of two pieces
+    (``s = half_share``), and read it at ``share``, the largest piece's share of the batch."""
+    fitted = {}
+    for key, values in whole.items():
+        slopes = [(w - h) / (1.0 - half_share) for w, h in zip(values, half[key], strict=True)]
+        fitted[key] = [max(w - c, 0.0) + c * share for w, c in zip(values, slopes, strict=True)]
+    # Optimizer state and parameters do not shrink with the batch; from two pieces on, the
+    # gradients are live before each piece starts, as in the half-batch profile.
+    fitted["optimizer"] = whole["optimizer"]
+    fitted["start"] = half["start"]
+    return fitted
+
+
+def _option(
+    label: str, terms: dict[str, list[float]], index: int, extra_s: float, *, span: int = 1
+) -> Option:
+    return Option(
+        label=label,
+        kept_bytes=int(terms["kept"][index]),
+        forward_bytes=int(terms["forward"][index]),
+        backward_bytes=int(terms["backward"][index]),
+        extra_s=extra_s,
+        span=span,
+    )
+
+
+def micro_batch_counts(batch_size: int, possible: bool) -> list[int]:
+    """Micro-batch counts to consider: those of ``MICRO_BATCH_CHOICES`` up to the batch size.
+
+    A count need not divide the batch: the pieces are ``torch.tensor_split``'s, the first ones a
+    sample larger, and the plan is measured on the largest.
+    """
+    if not possible:
+        return [1]
+    return [m for m in MICRO_BATCH_CHOICES if m <= batch_size]
+
+
+def piece_share(batch_size: int, num_micro_batches: int) -> float:
+    """The largest piece's share of the batch when it is split into ``num_micro_batches``."""
+    return len(_pieces(batch_size, num_micro_batches)[0]) / batch_size
+
+
+def _pieces(batch_size: int, num_pieces: int) -> list[range]:
+    """The samples of each piece, as ``torch.tensor_split`` cuts them."""
+    size, extra = divmod(batch_size, num_pieces)
+    starts = [i * size + min(i, extra) for i in range(num_pieces + 1)]
+    return [range(a, b) for a, b in zip(starts, starts[1:], strict=False)]

@@ -1,0 +1,409 @@
+"""The fallback for models torch.fx cannot trace: module-level segments found with forward hooks.
+
+NOTE [Module chain]
+Some models do not trace: their forward branches on tensor values (``if x.sum() > 0``,
+``int(lengths.max())``), takes a dict batch, or packs sequences by length (pytorch-forecasting's
+TFT does all three). For those the chain's segments are submodules instead of runs of fx nodes.
+
+*Finding the chain.* The model runs forward once (on a fake copy; see below) under a
+:class:`~autockpt.planner.memory.MemoryTracker`, with a pre- and a post-forward hook on every submodule.
+That gives the *call tree* (which module call ran inside which) and, for each call, the bytes it
+leaves alive at its end (what it saves for backward and returns: its *held* bytes). The chain
+starts as the root's calls, in order. While one link holds most (over half) of the chain's
+held bytes and its own calls hold most of its bytes, it is replaced by those calls: segments
+get finer where the memory is (a wrapper module is looked through; a ``ModuleList`` of blocks,
+which is never called itself, gives one segment per block). A call is a link only if its
+module runs once per forward and sits below the calling module in the module tree: a module
+called twice (a shared activation, a weight-tied layer), or reached from a module that is not
+its parent (a ``ModuleDict`` shared by two networks), stays part of *the rest*, with the
+operations the forwards run between links. The rest is always kept. The step measurements
+count it with its neighbours: in forward on top of the link before it (what it keeps is part
+of that link's kept bytes), in backward with the link whose autograd nodes ran last; the
+plan's final measurement covers whatever the chain model misses.
+
+*Running it.* The planned module is a shallow copy of the root in which each recomputed
+link's module (and each module on the path to it) is a shallow copy whose ``forward`` is a
+:class:`~autockpt.planner.segmented.SegmentRunner` around the original forward: non-reentrant
+``torch.utils.checkpoint`` with the RNG state preserved and the module's buffers put back after
+the recompute (NOTE [Segment runners]). Shallow copies share every parameter, buffer and
+untouched submodule, so the planned module has the original's call signature and
+``state_dict()`` keys, and the original keeps running without checkpoints. The runner gets the
+call's arguments flattened (keyword arguments and tensors inside dicts included), so backward
+attributes every autograd node to the right segment.
+
+*Measuring it.* The fake copy is the planner's usual fake model, and the step measurements are
+those of :mod:`autockpt.planner.measure`: same tracker, same per-segment attribution, same chain
+model, same final measurement of the chosen plan. A forward that reads tensor values cannot
+run on fake tensors; then the model is measured on a real deep copy at the example inputs
+(same accounting, but a real step's memory and time, on the device of the model: the unplanned
+step must fit there once).
+
+Not supported here: running a segment in chunks or the step in micro-batches (the batch
+layout of a module's arguments is unknown), so the plan uses plain recompute only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
+
+from autockpt.errors import PlanMismatchError, TraceError
+from autockpt.planner.fake import fake_copy
+from autockpt.planner.memory import MemoryTracker
+from autockpt.planner.segmented import SegmentAction, SegmentObserver, SegmentRunner
+from autockpt.planner.trace import Segment, TracedModel, trace_model
+
+#: A link is looked into when it holds more than this share of the chain's bytes, and its own
+#: calls hold more than this share of its bytes (NOTE [Module chain]).
+DESCEND_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class ModuleChain:
+    """A model's chain of module-level segments (NOTE [Module chain]).
+
+    It has the attributes of :class:`~autockpt.planner.trace.TracedModel` the planner reads, so
+    measurement and solving run unchanged.
+
+    Attributes:
+        segments: one per link, in call order; ``module_paths`` holds the module's path.
+        regions: one per segment (no region spans several: no chunked options).
+        region_segments: the segments again.
+        fake_module: the copy steps are measured on: fake when the forward runs on fake
+            tensors, else a real deep copy of the model.
+        fake_mode: the fake tensor mode of ``fake_module``; ``None`` for a real copy.
+        note: why the fallback is used and what it does, one sentence (the plan's warning).
+    """
+
+    segments: tuple[Segment, ...]
+    regions: tuple[tuple[int, int], ...]
+    region_segments: tuple[Segment, ...]
+    fake_module: torch.nn.Module
+    fake_mode: FakeTensorMode | None
+    note: str
+
+
+def trace_or_find_modules(
+    model: torch.nn.Module, example_inputs: Sequence[Any]
+) -> TracedModel | ModuleChain:
+    """The fx chain of :func:`~autockpt.planner.trace.trace_model`, or the module chain when fx fails.
+
+    Falling back warns (the message is also ``ModuleChain.note``).
+
+    Args:
+        model: the model to plan.
+        example_inputs: positional inputs at the training batch size; a dict or other nest of
+            tensors sends the model to the fallback directly (the fx stages take tensors).
+
+    Returns:
+        A :class:`~autockpt.planner.trace.TracedModel`, or a :class:`ModuleChain`.
+
+    Raises:
+        TraceError: neither fx nor forward hooks find a chain (the message gives both reasons).
+    """
+    name = type(model).__name__
+    if all(isinstance(x, torch.Tensor) or not _is_nest(x) for x in example_inputs):
+        try:
+            return trace_model(model, example_inputs)
+        except TraceError as error:
+            why = f"torch.fx cannot trace {name} ({_one_line(error.__cause__ or error)})"
+    else:
+        why = f"{name} takes a dict or another nest of tensors, which the torch.fx planner does not"
+    chain = find_module_chain(model, example_inputs, why=why)
+    warnings.warn(chain.note, stacklevel=4)
+    return chain
+
+
+def find_module_chain(
+    model: torch.nn.Module, example_inputs: Sequence[Any], *, why: str
+) -> ModuleChain:
+    """Run ``model`` once with forward hooks and choose its chain (NOTE [Module chain]).
+
+    Args:
+        model: the model (left unchanged: the run is on a copy).
+        example_inputs: positional inputs at the training batch size.
+        why: why torch.fx did not trace it, the note's first clause.
+
+    Returns:
+        The chain, with the copy its steps are measured on. A real copy (when the forward
+        does not run on fake tensors) takes the model's memory again, on its device, and each
+        measurement is a real step at the example batch.
+
+    Raises:
+        TraceError: no submodule qualifies as a link.
+    """
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_mode: FakeTensorMode | None = mode
+    copied: torch.nn.Module
+    measured_on = ""
+    try:
+        copied = fake_copy(model, mode)
+        calls = _record_calls(copied, example_inputs, mode)
+    except Exception as error:  # data-dependent ops and the like: any failure means "run it"
+        fake_mode = None
+        copied = copy.deepcopy(model)
+        for parameter in copied.parameters():
+            parameter.grad = None
+        calls = _record_calls(copied, example_inputs, None)
+        measured_on = (
+            "; measured on real tensors, since the forward does not run on fake ones "
+            f"({type(error).__name__}: {_one_line(error)})"
+        )
+    links = _choose_links(calls)
+    if not links:
+        raise TraceError(
+            f"{why}, and no submodule runs once per forward to be recomputed on its own; "
+            "make the forward traceable by torch.fx or move its work into submodules"
+        )
+    segments = module_segments([calls[i].path for i in links])
+    note = (
+        f"{why}; planning {len(segments)} module-level segments found with forward hooks, "
+        f"plain recompute only (no chunks or micro-batches){measured_on}"
+    )
+    return ModuleChain(
+        segments=segments,
+        regions=tuple((i, i + 1) for i in range(len(segments))),
+        region_segments=segments,
+        fake_module=copied,
+        fake_mode=fake_mode,
+        note=note,
+    )
+
+
+def module_segments(paths: Sequence[str]) -> tuple[Segment, ...]:
+    """One segment per module path, in order (no fx nodes)."""
+    return tuple(
+        Segment(
+            index=index,
+            name=path,
+            node_names=(),
+            module_paths=(path,),
+            input_names=(),
+            output_names=(),
+        )
+        for index, path in enumerate(paths)
+    )
+
+
+@dataclass
+class _Call:
+    """One module call seen by the hooks.
+
+    Attributes:
+        path: the module's path in the model ("" for the root).
+        parent: index of the call it ran inside (None for the root's call).
+        start_bytes / end_bytes: live bytes when it started and when it returned.
+        children: indices of the calls that ran directly inside it, in order.
+        is_link: whether it may be a link (NOTE [Module chain]).
+    """
+
+    path: str
+    parent: int | None
+    start_bytes: int
+    end_bytes: int = 0
+    children: list[int] = field(default_factory=list)
+    is_link: bool = True
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes the call leaves alive: what it saves for backward and returns."""
+        return max(self.end_bytes - self.start_bytes, 0)
+
+
+class _CallRecorder:
+    """Pre- and post-forward hooks that build the call tree with each call's held bytes."""
+
+    def __init__(self, tracker: MemoryTracker) -> None:
+        self.tracker = tracker
+        self.calls: list[_Call] = []
+        self.stack: list[int] = []
+
+    def started(self, path: str) -> None:
+        parent = self.stack[-1] if self.stack else None
+        self.calls.append(_Call(path, parent, self.tracker.current_bytes))
+        if parent is not None:
+            self.calls[parent].children.append(len(self.calls) - 1)
+        self.stack.append(len(self.calls) - 1)
+
+    def finished(self) -> None:
+        self.calls[self.stack.pop()].end_bytes = self.tracker.current_bytes
+
+
+def _record_calls(
+    model: torch.nn.Module, example_inputs: Sequence[Any], mode: FakeTensorMode | None
+) -> list[_Call]:
+    """The call tree of one forward of ``model`` (a copy), on fake tensors of ``mode`` or, with
+    ``None``, on the real inputs."""
+    tracker = MemoryTracker()
+    recorder = _CallRecorder(tracker)
+    handles = []
+    for path, module in model.named_modules():
+        handles.append(module.register_forward_pre_hook(lambda *_, p=path: recorder.started(p)))
+        handles.append(module.register_forward_hook(lambda *_: recorder.finished()))
+    try:
+        with mode if mode is not None else contextlib.nullcontext(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            inputs = list(example_inputs)
+            if mode is not None:
+                inputs = tree_map_only(torch.Tensor, mode.from_tensor, inputs)
+            with tracker:
+                model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    calls = recorder.calls
+    num_calls = Counter(call.path for call in calls)
+    for call in calls:
+        parent_path = calls[call.parent].path if call.parent is not None else None
+        # A link's module runs once, and is reached through its parent in the module tree
+        # (the planned module replaces it on that path only).
+        call.is_link = (
+            num_calls[call.path] == 1
+            and parent_path is not None
+            and (parent_path == "" or call.path.startswith(parent_path + "."))
+        )
+    return calls
+
+
+def _choose_links(calls: list[_Call]) -> list[int]:
+    """The chain, as call indices in call order (NOTE [Module chain])."""
+    if not calls:
+        return []
+
+    def links_under(index: int) -> list[int]:
+        return [child for child in calls[index].children if calls[child].is_link]
+
+    chain = links_under(0)
+    while chain:
+        total = sum(calls[i].held_bytes for i in chain)
+        largest = max(chain, key=lambda i: calls[i].held_bytes)
+        below = links_under(largest)
+        covered = sum(calls[i].held_bytes for i in below)
+        if (
+            not below
+            or calls[largest].held_bytes <= DESCEND_SHARE * total
+            or covered <= DESCEND_SHARE * calls[largest].held_bytes
+        ):
+            break
+        position = chain.index(largest)
+        chain[position : position + 1] = below
+    return chain
+
+
+def build_module_planned(
+    model: torch.nn.Module,
+    segments: Sequence[Segment],
+    actions: Sequence[SegmentAction],
+    *,
+    observer: SegmentObserver | None = None,
+) -> torch.nn.Module:
+    """A shallow copy of ``model`` whose recomputed links run checkpointed (NOTE [Module chain]).
+
+    Args:
+        model: the model the chain was found on (or a copy of it).
+        segments: the links, each with its module path in ``module_paths[0]``.
+        actions: one per segment; only ``recompute`` is read (no chunks here).
+        observer: when given, every link (kept ones too) runs through a runner that reports to
+            it; the planner uses this to measure.
+
+    Returns:
+        A module with ``model``'s call signature and ``state_dict()`` keys, sharing its
+        parameters, buffers and every module not on a path to a planned link.
+    """
+    assert len(segments) == len(actions), "one action per segment"
+    copies: dict[str, torch.nn.Module] = {"": copy.copy(model)}
+    for segment, action in zip(segments, actions, strict=True):
+        assert action.num_chunks <= 1, "module-level segments run whole"
+        if not action.recompute and observer is None:
+            continue
+        link = _copied_path(copies, segment.module_paths[0])
+        link.forward = _LinkForward(segment.index, link.forward, action, link, observer)
+    return copies[""]
+
+
+def apply_module_plan(
+    model: torch.nn.Module, paths: Sequence[str], recomputed: Sequence[bool]
+) -> torch.nn.Module:
+    """The planned module of a module-level plan (see :func:`autockpt.apply`).
+
+    Raises:
+        PlanMismatchError: a planned module path does not exist in ``model``.
+    """
+    known = {path for path, _ in model.named_modules()}
+    missing = [path for path in paths if path not in known]
+    if missing:
+        raise PlanMismatchError(
+            f"the plan recomputes module {missing[0]!r}, which {type(model).__name__} does not "
+            "have; re-plan for this model with autockpt.plan"
+        )
+    actions = [SegmentAction(recompute=flag) for flag in recomputed]
+    return build_module_planned(model, module_segments(paths), actions)
+
+
+class _LinkForward:
+    """The ``forward`` of a planned link: its arguments flattened into one runner call."""
+
+    def __init__(
+        self,
+        index: int,
+        forward: Any,
+        action: SegmentAction,
+        module: torch.nn.Module,
+        observer: SegmentObserver | None,
+    ) -> None:
+        self.index = index
+        self.forward = forward
+        self.action = action
+        # Buffers of the whole subtree: BatchNorm's statistics must not move in recompute.
+        self.stateful_modules = [
+            m for m in module.modules() if any(True for _ in m.buffers(recurse=False))
+        ]
+        self.observer = observer
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, spec = tree_flatten((args, kwargs))
+
+        def run(*flat: Any) -> Any:
+            positional, keywords = tree_unflatten(list(flat), spec)
+            return self.forward(*positional, **keywords)
+
+        runner = SegmentRunner(self.index, run, self.action, self.stateful_modules, self.observer)
+        return runner(*leaves)
+
+
+def _copied_path(copies: dict[str, torch.nn.Module], path: str) -> torch.nn.Module:
+    """Shallow-copy each module from the root down to ``path`` (once each); the last copy.
+
+    ``copies`` maps paths to the copies made so far and starts with the root's.
+    """
+    module = copies[""]
+    walked = ""
+    for part in path.split("."):
+        walked = f"{walked}.{part}" if walked else part
+        if walked not in copies:
+            child = module._modules[part]
+            assert child is not None, f"{walked} is not a module"
+            copies[walked] = copy.copy(child)
+            # A shallow copy shares its original's table of children: give it its own before
+            # replacing the child, or the original model would change too.
+            module.__dict__["_modules"] = {**module._modules, part: copies[walked]}
+        module = copies[walked]
+    return module
+
+
+def _is_nest(value: Any) -> bool:
+    return isinstance(value, (dict, list, tuple))
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,297 @@
+"""Planning one process's step: trace, measure, widen the options in stages, solve, measure.
+
+NOTE [Planning]
+1. Trace the model into a chain of segments (:mod:`autockpt.planner.trace`); a model torch.fx cannot
+   trace gets whole submodules as segments instead, found with forward hooks, and a warning
+   (NOTE [Module chain]).
+2. Measure a step on fake tensors with every segment kept (:mod:`autockpt.planner.measure`). If it
+   fits, that is the plan.
+3. Widen the options in stages, each measured only when the ones before cannot fit, and after
+   each solve every chain exactly (:mod:`autockpt.planner.solve`) and keep the cheapest that fits:
+   a. plain recompute, segment by segment: a step with every segment recomputed gives each
+      segment's second option (NOTE [Chain memory model]). Skipped when the kept step
+      already shows no such plan can fit (:func:`~autockpt.planner.chain.recompute_lower_bound_bytes`);
+   b. regions recomputed whole, and, where :mod:`autockpt.planner.separable` finds a region
+      batch-separable, in chunks (scaled from the whole-region numbers);
+   c. if the whole step is batch-separable, micro-batches: the step measured again at half the
+      batch, every quantity fitted as ``a + c * s``, ``s`` the largest piece's share of the
+      batch (counts need not divide it).
+4. Measure the chosen plan itself on fake tensors. That measurement is the predicted peak. If
+   the solver's estimate was optimistic and the plan does not fit, solve again against a budget
+   lowered by the overshoot (a few rounds), then try the next stage, and fail with
+   :class:`InfeasibleBudgetError` rather than hand back a plan that does not fit.
+
+The budget a plan must meet on the CPU is tracked bytes (NOTE [Tracked bytes]). On CUDA it
+is what ``nvidia-smi`` shows: the CUDA context and the caching allocator's slack come off the
+budget first (``context_bytes`` and ``headroom_bytes`` in the breakdown).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from collections.abc import Sequence
+
+import torch
+
+from autockpt.planner.chain import (
+    ChainBuilder,
+    Decision,
+    Profiles,
+    kept_increments,
+    recompute_lower_bound_bytes,
+)
+from autockpt.planner.measure import (
+    FakeTrainingState,
+    LossFn,
+    OptimizerSpec,
+    StepProfile,
+    profile_step,
+)
+from autockpt.planner.memory import RealSizeOracle, flat_tensors
+from autockpt.planner.module_chain import ModuleChain, trace_or_find_modules
+from autockpt.planner.plan_model import PeakBreakdown, Plan, SegmentPlan, Strategy
+from autockpt.planner.search import BudgetSearch
+from autockpt.planner.segmented import KEEP, SegmentAction
+from autockpt.planner.separable import Separability, analyse_separability
+from autockpt.planner.solve import minimum_peak
+from autockpt.planner.timing import calibrate
+from autockpt.planner.trace import Segment
+from autockpt.planner.units import Budget, format_bytes
+
+#: What the CUDA context takes before any tensor (measured when a GPU is present).
+DEFAULT_CUDA_CONTEXT_BYTES = 512 * 2**20
+#: What the caching allocator reserves beyond the tensors it holds (rounding, fragmentation),
+#: as a share of the tensor bytes.
+CUDA_HEADROOM_FRACTION = 0.10
+
+
+def plan_one_process(
+    model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    budget: Budget,
+    *,
+    loss_fn: LossFn | None,
+    example_targets: Sequence[torch.Tensor],
+    optimizer: OptimizerSpec,
+    device: torch.device,
+    use_gradient_checkpointing: bool | None,
+    allow_micro_batches: bool,
+    allow_chunks: bool,
+    autocast_dtype: torch.dtype | None,
+) -> Plan:
+    started = time.perf_counter()
+    batch_size = _batch_size(example_inputs)
+    traced = trace_or_find_modules(model, example_inputs)  # warns when it falls back
+    oracle = RealSizeOracle()
+    builder = ChainBuilder(traced, calibrate(device.type, device.index), batch_size)
+    context_bytes, headroom_fraction = device_reserve(device)
+    # Tensors may take what is left after the context, less the allocator's share of it.
+    usable_bytes = int((budget.bytes - context_bytes) / (1.0 + headroom_fraction))
+
+    def outside(tensor_bytes: int) -> int:
+        """What the device shows for ``tensor_bytes`` of tensors: plus context and slack."""
+        return tensor_bytes + context_bytes + int(tensor_bytes * headroom_fraction)
+
+    fake_state = FakeTrainingState(traced, optimizer=optimizer)
+    # The first profile runs the optimizer; the others reuse its step peak.
+    kept = profile_step(
+        fake_state,
+        example_inputs,
+        [KEEP] * len(traced.segments),
+        loss_fn=loss_fn,
+        example_targets=example_targets,
+        size_oracle=oracle,
+        autocast_dtype=autocast_dtype,
+    )
+
+    def measure(
+        segments: Sequence[Segment], actions: Sequence[SegmentAction], num_micro_batches: int = 1
+    ) -> StepProfile:
+        profile = profile_step(
+            fake_state,
+            example_inputs,
+            actions,
+            loss_fn=loss_fn,
+            example_targets=example_targets,
+            num_micro_batches=num_micro_batches,
+            size_oracle=oracle,
+            run_optimizer=False,
+            count_work=False,
+            autocast_dtype=autocast_dtype,
+            segments=segments,
+        )
+        optimizer_peak = kept.phase_peak_bytes["optimizer"]
+        profile.phase_peak_bytes["optimizer"] = optimizer_peak
+        profile.peak_bytes = max(profile.peak_bytes, optimizer_peak)
+        return profile
+
+    def all_recomputed(segments: Sequence[Segment], num_micro_batches: int = 1) -> StepProfile:
+        return measure(segments, [SegmentAction(recompute=True)] * len(segments), num_micro_batches)
+
+    notes: list[str] = [traced.note] if isinstance(traced, ModuleChain) else []
+    if use_gradient_checkpointing is not None:
+        strategy: Strategy = "checkpoint-all" if use_gradient_checkpointing else "checkpoint-none"
+        recomputed = all_recomputed(traced.segments)
+        whole = Profiles(kept, recomputed)
+        decision = Decision(
+            list(traced.segments),
+            [SegmentAction(recompute=use_gradient_checkpointing)] * len(traced.segments),
+            ["forced by use_gradient_checkpointing"] * len(traced.segments),
+            1,
+            [(i, i + 1) for i in range(len(traced.segments))],
+        )
+        final = recomputed if use_gradient_checkpointing else kept
+        minimum = minimum_peak(builder.chain(whole, None, 1, None)).peak_bytes
+        if final.peak_bytes > usable_bytes:
+            message = (
+                f"use_gradient_checkpointing={use_gradient_checkpointing} predicts a peak of "
+                f"{format_bytes(outside(final.peak_bytes))}, over the budget {budget.text}; "
+                "let the planner decide (use_gradient_checkpointing=None)"
+            )
+            warnings.warn(message, stacklevel=3)
+            notes.append(message)
+    else:
+        strategy = "auto"
+        regions = list(traced.region_segments)
+
+        def measure_decision(decision: Decision) -> StepProfile:
+            if decision.num_micro_batches == 1 and all(a == KEEP for a in decision.actions):
+                return kept  # nothing changes: the kept step is this plan's measurement
+            return measure(decision.segments, decision.actions, decision.num_micro_batches)
+
+        search = BudgetSearch(builder, Profiles(kept, None), batch_size, measure_decision)
+
+        def plain_recompute() -> bool:
+            if usable_bytes < recompute_lower_bound_bytes(kept):
+                return False  # no plan of plain recomputes can fit: do not measure one
+            search.whole = Profiles(kept, all_recomputed(traced.segments))
+            return True
+
+        def regions_and_chunks() -> bool:
+            # Regions recomputed whole, chunks and micro-batches cost more profiles and a
+            # probe of the real model: examined only once plain recompute cannot fit.
+            separability = Separability.nothing(len(regions), "not allowed by the caller")
+            if allow_chunks or allow_micro_batches:
+                separability = analyse_separability(traced, example_inputs, regions)
+            if not allow_chunks:
+                separability = dataclasses.replace(separability, chunkable=(False,) * len(regions))
+            if allow_micro_batches and not separability.micro_batchable:
+                notes.append(f"micro-batches not used: {separability.reason}")
+            search.whole = dataclasses.replace(search.whole, regions=all_recomputed(regions))
+            search.separability = separability
+            return True
+
+        def micro_batches() -> bool:
+            separability = search.separability
+            if not (allow_micro_batches and separability and separability.micro_batchable):
+                return False
+            if batch_size < 2:
+                return False
+            search.half = Profiles(
+                measure(traced.segments, [KEEP] * len(traced.segments), 2),
+                None if search.whole.recomputed is None else all_recomputed(traced.segments, 2),
+                all_recomputed(regions, 2),
+            )
+            return True
+
+        found = None
+        for widen in (plain_recompute, regions_and_chunks, micro_batches):
+            if widen() and (found := search.fit(usable_bytes, notes)):
+                break
+        if found is None:
+            found = search.lowest_peak_fit(usable_bytes, notes)
+        if found is None:
+            raise search.infeasible(budget, outside)
+        decision, final = found
+        whole = search.whole
+        minimum = search.minimum_peak_bytes()
+
+    segment_plans = _segment_plans(builder, whole, decision)
+    unplanned_step_s = 3 * sum(builder.recompute_s(kept, i) for i in range(len(traced.segments)))
+    extra_s = sum(p.recompute_s for p in segment_plans if p.recomputed)
+    extra_s += builder.micro_batch_s(kept, decision.num_micro_batches)
+    return Plan(
+        budget_bytes=budget.bytes,
+        budget_text=budget.text,
+        budget_reading=budget.reading,
+        device=str(device),
+        strategy=strategy,
+        batch_size=batch_size,
+        num_micro_batches=decision.num_micro_batches,
+        segments=segment_plans,
+        predicted_peak_bytes=outside(final.peak_bytes),
+        breakdown=_breakdown(
+            final, context_bytes, outside(final.peak_bytes) - final.peak_bytes - context_bytes
+        ),
+        unplanned_peak_bytes=outside(kept.peak_bytes),
+        minimum_feasible_bytes=outside(minimum),
+        predicted_extra_s=extra_s,
+        unplanned_step_s=unplanned_step_s,
+        fits=final.peak_bytes <= usable_bytes,
+        planning_s=time.perf_counter() - started,
+        notes=notes,
+        tracing="forward-hooks" if isinstance(traced, ModuleChain) else "fx",
+    )
+
+
+def _segment_plans(builder: ChainBuilder, whole: Profiles, decision: Decision) -> list[SegmentPlan]:
+    """Report rows: each run segment (a merged region counts as one) with its numbers."""
+    kept_terms = kept_increments(whole.kept)
+    plans = []
+    for segment, action, reason, (first, end) in zip(
+        decision.segments, decision.actions, decision.reasons, decision.spans, strict=True
+    ):
+        plans.append(
+            SegmentPlan(
+                name=segment.name,
+                nodes=list(segment.node_names),
+                modules=list(segment.module_paths),
+                inputs=list(segment.input_names),
+                outputs=list(segment.output_names),
+                saved_bytes=max(sum(kept_terms[first:end]), 0),
+                boundary_bytes=builder.boundary_bytes(whole, first, end),
+                recompute_s=sum(builder.recompute_s(whole.kept, i) for i in range(first, end)),
+                recomputed=action.recompute,
+                num_chunks=action.num_chunks,
+                input_batch_dims=list(action.input_batch_dims),
+                output_batch_dims=list(action.output_batch_dims),
+                reason=reason,
+            )
+        )
+    return plans
+
+
+def _breakdown(profile: StepProfile, context_bytes: int, headroom_bytes: int) -> PeakBreakdown:
+    end_of_forward = max((s.end_bytes for s in profile.segments), default=profile.start_bytes)
+    activations = max(end_of_forward - profile.start_bytes, 0)
+    known = (
+        profile.parameter_bytes
+        + profile.gradient_bytes
+        + profile.optimizer_state_bytes
+        + profile.input_bytes
+        + activations
+    )
+    return PeakBreakdown(
+        parameters_bytes=profile.parameter_bytes,
+        gradients_bytes=profile.gradient_bytes,
+        optimizer_state_bytes=profile.optimizer_state_bytes,
+        inputs_bytes=profile.input_bytes,
+        activations_bytes=activations,
+        transient_bytes=max(profile.peak_bytes - known, 0),
+        context_bytes=context_bytes,
+        headroom_bytes=headroom_bytes,
+    )
+
+
+def _batch_size(inputs: Sequence[torch.Tensor]) -> int:
+    sizes = [x.shape[0] for x in flat_tensors(list(inputs)) if x.dim() > 0]  # dicts too
+    return max(sizes) if sizes else 1
+
+
+def device_reserve(device: torch.device) -> tuple[int, float]:
+    """Context bytes and the allocator's slack (a share of tensor bytes) on ``device``."""
+    if device.type != "cuda":
+        return 0, 0.0
+    return DEFAULT_CUDA_CONTEXT_BYTES, CUDA_HEADROOM_FRACTION

@@ -1,0 +1,150 @@
+"""The budget search: the solver run over every micro-batch count the profiles allow.
+
+:class:`BudgetSearch` holds the profiles measured so far (NOTE [Planning] in
+:mod:`autockpt.planner.planning`), solves each chain exactly (:mod:`autockpt.planner.solve`),
+measures the cheapest decision on fake tensors and re-solves when the chain model was optimistic.
+When nothing fits it builds the :class:`~autockpt.errors.InfeasibleBudgetError`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from autockpt.errors import InfeasibleBudgetError
+from autockpt.planner.chain import ChainBuilder, Decision, Profiles, micro_batch_counts
+from autockpt.planner.measure import StepProfile
+from autockpt.planner.separable import Separability
+from autockpt.planner.solve import Chain, Solution, minimum_peak, solve
+from autockpt.planner.units import Budget, format_bytes
+
+#: Rounds of re-solving when the measured plan exceeds the budget (NOTE [Planning], step 4).
+MAX_REPLANS = 4
+
+
+class BudgetSearch:
+    """The solver over every micro-batch count the profiles so far allow."""
+
+    def __init__(
+        self,
+        builder: ChainBuilder,
+        whole: Profiles,
+        batch_size: int,
+        measure: Callable[[Decision], StepProfile],
+    ) -> None:
+        self.builder = builder
+        self.whole = whole
+        self.half: Profiles | None = None
+        self.separability: Separability | None = None
+        self.batch_size = batch_size
+        self._measure = measure
+        self._measured: dict[tuple[Any, ...], StepProfile] = {}
+        self.lowest_measured_bytes: int | None = None
+
+    def measure(self, decision: Decision) -> StepProfile:
+        """The decision's step measured on fake tensors (once per distinct decision)."""
+        key = (decision.num_micro_batches, tuple(decision.spans), tuple(decision.reasons))
+        if key not in self._measured:
+            self._measured[key] = self._measure(decision)
+        return self._measured[key]
+
+    def chains(self) -> list[tuple[int, Chain]]:
+        counts = micro_batch_counts(self.batch_size, self.half is not None)
+        return [
+            (count, self.builder.chain(self.whole, self.half, count, self.separability))
+            for count in counts
+        ]
+
+    def cheapest(self, budget_bytes: int) -> Decision | None:
+        """The least extra time over micro-batch counts, or None when nothing fits."""
+        best: tuple[float, int, Chain, Solution] | None = None
+        for count, chain in self.chains():
+            solution = solve(chain, budget_bytes)
+            if solution is None:
+                continue
+            total = solution.extra_s + self.builder.micro_batch_s(self.whole.kept, count)
+            if best is None or total < best[0]:
+                best = (total, count, chain, solution)
+        if best is None:
+            return None
+        _, count, chain, solution = best
+        return self.builder.decode(chain, solution, self.separability, count)
+
+    def fit(self, usable_bytes: int, notes: list[str]) -> tuple[Decision, StepProfile] | None:
+        """The cheapest decision whose measured step fits, with that measurement
+        (NOTE [Planning], step 4), or None when none of the options so far fits."""
+        decision = self.cheapest(usable_bytes)
+        if decision is None:
+            return None
+        final = self.measure(decision)
+        target = usable_bytes
+        for _ in range(MAX_REPLANS):
+            if final.peak_bytes <= usable_bytes:
+                return decision, final
+            # The chain model was optimistic: aim lower by what the measurement showed.
+            target -= final.peak_bytes - usable_bytes
+            retry = self.cheapest(target)
+            if retry is None:
+                break
+            decision, final = retry, self.measure(retry)
+            notes.append("re-planned: the measured plan was over the budget")
+        if final.peak_bytes <= usable_bytes:
+            return decision, final
+        return self.lowest_peak_fit(usable_bytes, notes)
+
+    def lowest_peak_fit(
+        self, usable_bytes: int, notes: list[str]
+    ) -> tuple[Decision, StepProfile] | None:
+        """Last resort: the lowest-peak choice at each micro-batch count, measured; the first
+        that fits. Also records the lowest measured peak, a budget planning is sure to meet:
+        the chain model's own minimum can be optimistic, or pessimistic."""
+        for lowest in self.lowest_peak_decisions():
+            candidate = self.measure(lowest)
+            if (
+                self.lowest_measured_bytes is None
+                or candidate.peak_bytes < self.lowest_measured_bytes
+            ):
+                self.lowest_measured_bytes = candidate.peak_bytes
+            if candidate.peak_bytes <= usable_bytes:
+                notes.append("took the lowest-peak plan: the cheaper ones measured over")
+                return lowest, candidate
+        return None
+
+    def lowest_peak_decisions(self) -> list[Decision]:
+        return [
+            self.builder.decode(chain, minimum_peak(chain), self.separability, count)
+            for count, chain in self.chains()
+        ]
+
+    def minimum_peak_bytes(self) -> int:
+        return min(minimum_peak(chain).peak_bytes for _, chain in self.chains())
+
+    def infeasible(self, budget: Budget, outside: Callable[[int], int]) -> InfeasibleBudgetError:
+        """The error for a budget below every plan, with the minimum and the lever (after
+        :meth:`lowest_peak_fit` found nothing, so the minimum is a measured one)."""
+        lowest = self.lowest_measured_bytes
+        minimum = outside(lowest if lowest is not None else self.minimum_peak_bytes())
+        # Rounded up to whole KiB: a real step can hold a few bytes of scalars more than the
+        # measured one (4 to 8 bytes seen with micro-batches), which must not tip it over.
+        minimum = -(-minimum // 1024) * 1024
+        kept = self.whole.kept
+        # Parameters, their gradients and the optimizer state do not shrink with the batch.
+        fixed = outside(2 * kept.parameter_bytes + kept.optimizer_state_bytes)
+        per_sample = max(minimum - fixed, 1) / max(self.batch_size, 1)
+        fitting_batch = math.floor((budget.bytes - fixed) / per_sample)
+        if fixed >= budget.bytes:
+            lever = (
+                f"parameters, gradients and optimizer state alone take {format_bytes(fixed)}; "
+                "raise the budget or use a smaller model"
+            )
+        elif 1 <= fitting_batch < self.batch_size:
+            lever = f"lower the batch size to about {fitting_batch} or raise the budget"
+        else:
+            lever = f"raise the budget to at least {format_bytes(minimum * 1.05)}"
+        return InfeasibleBudgetError(
+            f"budget {budget.text} ({format_bytes(budget.bytes)}) is below the minimum "
+            f"{format_bytes(minimum)} for batch {self.batch_size}; {lever}",
+            budget_bytes=budget.bytes,
+            minimum_bytes=minimum,
+        )

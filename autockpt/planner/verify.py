@@ -1,0 +1,140 @@
+"""Stage 5: one real step of the planned model, its measured peak against the prediction.
+
+On the CPU the peak is the tracked bytes of NOTE [Tracked bytes]; on CUDA it is the caching
+allocator's ``max_memory_allocated`` and ``max_memory_reserved`` over the step, plus the
+plan's context estimate. The step runs on the model itself, which is put back afterwards
+(parameters, gradients, buffers and the RNG state), so verifying costs no second copy of the
+model on a card that is already tight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from autockpt.planner.apply import apply
+from autockpt.planner.measure import LossFn, OptimizerSpec, default_loss, make_optimizer
+from autockpt.planner.memory import MemoryTracker, tensors_of
+from autockpt.planner.plan_model import Plan
+from autockpt.planner.step import training_step
+
+
+@dataclass(frozen=True)
+class Verification:
+    """A real step's peak next to the plan's prediction.
+
+    Attributes:
+        measured_peak_bytes: tracked bytes (CPU) or allocated bytes plus context (CUDA).
+        reserved_peak_bytes: the allocator's reserved bytes plus context (CUDA), else equal to
+            ``measured_peak_bytes``.
+        predicted_peak_bytes: the plan's prediction.
+        budget_bytes: the plan's budget.
+    """
+
+    measured_peak_bytes: int
+    reserved_peak_bytes: int
+    predicted_peak_bytes: int
+    budget_bytes: int
+
+    @property
+    def within_budget(self) -> bool:
+        """Whether what a user would see stayed under the budget."""
+        return self.reserved_peak_bytes <= self.budget_bytes
+
+    @property
+    def relative_error(self) -> float:
+        """(predicted - measured) / measured."""
+        return (self.predicted_peak_bytes - self.measured_peak_bytes) / max(
+            self.measured_peak_bytes, 1
+        )
+
+
+def verify_plan(
+    model: torch.nn.Module,
+    plan: Plan,
+    example_inputs: Sequence[torch.Tensor],
+    *,
+    loss_fn: LossFn | None = None,
+    example_targets: Sequence[torch.Tensor] = (),
+    optimizer: OptimizerSpec = "adamw",
+) -> Verification:
+    """Run one real planned training step and measure its peak; leave the model as it was.
+
+    Args:
+        model: the model the plan was made for, on the plan's device.
+        plan: the plan to check.
+        example_inputs: one batch, on the plan's device.
+        loss_fn: ``loss_fn(output, *example_targets) -> scalar``; default: the sum of the
+            outputs.
+        example_targets: what the loss compares against, on the plan's device.
+        optimizer: as for :func:`autockpt.plan`.
+
+    Returns:
+        The measured and predicted peaks.
+    """
+    loss_fn = loss_fn or default_loss
+    device = torch.device(plan.device)
+    saved_state = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+    saved_grads = {
+        name: None if p.grad is None else p.grad.detach().clone()
+        for name, p in model.named_parameters()
+    }
+    rng_devices = [device.index or 0] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=rng_devices):
+            return _measure(
+                model, plan, example_inputs, example_targets, loss_fn, optimizer, device
+            )
+    finally:
+        with torch.no_grad():
+            for name, value in model.state_dict(keep_vars=True).items():
+                value.copy_(saved_state[name])
+        for name, parameter in model.named_parameters():
+            parameter.grad = saved_grads[name]
+
+
+def _measure(
+    model: torch.nn.Module,
+    plan: Plan,
+    example_inputs: Sequence[torch.Tensor],
+    example_targets: Sequence[torch.Tensor],
+    loss_fn: LossFn,
+    optimizer_spec: OptimizerSpec,
+    device: torch.device,
+) -> Verification:
+    optimizer = make_optimizer(optimizer_spec, list(model.parameters()))
+    for parameter in model.parameters():
+        parameter.grad = None
+    if optimizer is not None:
+        # State as after an earlier step, as the plan assumes.
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.grad = torch.zeros_like(parameter)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    planned = apply(model, plan)
+
+    def step() -> None:
+        training_step(planned, plan, example_inputs, example_targets, loss_fn, loss_reduction="sum")
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        context = plan.breakdown.context_bytes
+        allocated = int(torch.cuda.max_memory_allocated(device)) + context
+        reserved = int(torch.cuda.max_memory_reserved(device)) + context
+        return Verification(allocated, reserved, plan.predicted_peak_bytes, plan.budget_bytes)
+    with MemoryTracker(
+        initial=[*tensors_of(model, optimizer), *example_inputs, *example_targets]
+    ) as tracker:
+        step()
+    return Verification(
+        tracker.peak_bytes, tracker.peak_bytes, plan.predicted_peak_bytes, plan.budget_bytes
+    )

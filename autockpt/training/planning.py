@@ -1,0 +1,62 @@
+"""The run's plan: :func:`autockpt.plan` called for the TFT as the run's settings say.
+
+Planning draws random numbers (calibration, probes); it runs under ``fork_rng`` so that the
+streams training draws from are untouched (NOTE [Exact resume] in :mod:`autockpt.training.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import autockpt
+from autockpt.planner.plan_model import Plan
+from autockpt.planner.sharding import Parallelism
+from autockpt.planner.units import Budget
+from autockpt.training.config import TrainConfig
+from autockpt.training.settings import QuantileLoss
+
+#: What "no limit" plans against on the CPU when no budget is given: far above any step.
+UNLIMITED_BYTES = 2**60
+
+
+def make_plan(
+    model: torch.nn.Module,
+    example_inputs: tuple[torch.Tensor, ...],
+    example_targets: tuple[torch.Tensor, ...],
+    budget: Budget | None,
+    *,
+    loss_fn: QuantileLoss,
+    device: torch.device,
+    config: TrainConfig,
+    autocast_dtype: torch.dtype | None,
+    world_size: int = 1,
+    parallelism: Parallelism = "single",
+) -> Plan:
+    """Plan without touching the random streams training draws from (NOTE [Exact resume]).
+
+    The plan is for one of ``world_size`` ranks sharing the model by ``parallelism``.
+    """
+    planned_for = budget if budget is not None else unlimited_budget()
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        return autockpt.plan(
+            model,
+            example_inputs,
+            planned_for,
+            loss_fn=loss_fn,
+            example_targets=example_targets,
+            optimizer="adamw",
+            device=device,
+            use_gradient_checkpointing=config.use_gradient_checkpointing,
+            autocast_dtype=autocast_dtype,
+            world_size=world_size,
+            parallelism=parallelism,
+        )
+
+
+def unlimited_budget() -> Budget:
+    return Budget(
+        bytes=UNLIMITED_BYTES,
+        text="none",
+        reading="no --vram-budget on the CPU: training is not limited (give one to plan for it)",
+    )

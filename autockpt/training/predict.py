@@ -1,0 +1,157 @@
+"""Quantile forecasts from a trained run, for every window of a data file, as Parquet.
+
+One output row per (window, horizon step): ``timestamp`` (UTC time of the forecast bar),
+``symbol``, ``horizon_step`` (1 = the bar after the last one the model saw),
+``actual`` (the realised target, when the file has it, which every full window does) and one
+column per quantile, ``q0.1``, ``q0.5``, ... All values are de-normalised to target-transform
+units (log returns by default); the schema metadata records the target and its transform.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from autockpt.errors import RunError
+from autockpt.training.runs import BEST_FILE, RunFolder, write_atomic
+from autockpt.training.settings import resolve_device
+from tft.config import TFTConfig
+from tft.data import iterate_batches, load_windows
+from tft.model import TemporalFusionTransformer
+from tft.normalize import Normalizer
+
+DEFAULT_BATCH_SIZE = 256
+
+
+@dataclass(frozen=True)
+class PredictionResult:
+    """What :func:`predict` wrote."""
+
+    path: Path
+    num_rows: int
+    num_windows: int
+    horizon: int
+
+
+def quantile_column(quantile: float) -> str:
+    """Column name of one quantile: ``q0.1``, ``q0.5``, ``q0.975``."""
+    return f"q{quantile:g}"
+
+
+def load_trained_model(
+    run: RunFolder, device: torch.device
+) -> tuple[TemporalFusionTransformer, TFTConfig, Normalizer]:
+    """The run's best model (eval mode, on ``device``), its config and its normalizer.
+
+    Raises:
+        RunError: ``best.pt`` is missing, damaged, or does not describe a TFT.
+    """
+    checkpoint = run.load_checkpoint(BEST_FILE)
+    try:
+        config = TFTConfig.from_dict(checkpoint["model_config"])
+        normalizer = Normalizer.from_dict(checkpoint["normalizer"])
+        model = TemporalFusionTransformer(config)
+        model.load_state_dict(checkpoint["model"])
+    except (KeyError, ValueError, RuntimeError) as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise RunError(
+            f"{run.file(BEST_FILE)} is not a TFT checkpoint of autockpt ({first_line}); "
+            "pass the folder of a run made by autockpt train"
+        ) from None
+    return model.to(device).eval(), config, normalizer
+
+
+def predict(
+    run_dir: str | Path,
+    data: str | Path,
+    output: str | Path,
+    *,
+    device: str = "auto",
+    batch_size: int | None = None,
+) -> PredictionResult:
+    """Forecast every window of ``data`` with the run's best model and write Parquet atomically.
+
+    Args:
+        run_dir: a run folder written by ``autockpt train`` (its ``best.pt`` is used).
+        data: a Parquet file with the columns the run was trained on.
+        output: the Parquet file to write (replaced atomically if it exists).
+        device: cpu, cuda or auto.
+        batch_size: windows per forward pass.
+
+    Returns:
+        The path and the number of rows and windows written.
+
+    Raises:
+        RunError: the run folder is missing or damaged.
+        DataError: the data file cannot be read or lacks the run's columns or symbols.
+        DeviceError: cuda asked for without a GPU.
+
+    Example:
+        >>> predict("runs/es", "bars.parquet", "forecasts.parquet").num_rows
+    """
+    run = RunFolder.open(run_dir, need=(BEST_FILE,))
+    resolved = resolve_device(device)
+    model, config, normalizer = load_trained_model(run, resolved)
+    windows = load_windows(
+        data,
+        encoder_length=config.encoder_length,
+        horizon=config.horizon,
+        split_fractions=None,
+        normalizer=normalizer,
+    ).whole
+
+    forecasts, actuals, times, symbols = [], [], [], []
+    with torch.no_grad():
+        for batch in iterate_batches(
+            windows, batch_size or DEFAULT_BATCH_SIZE, shuffle=False, seed=0, drop_last=False
+        ):
+            inputs = tuple(t.to(resolved) for t in batch.inputs())
+            prediction = model(*inputs).float().cpu()  # (B, H, Q)
+            forecasts.append(normalizer.denormalize_target(prediction.numpy()))
+            actuals.append(normalizer.denormalize_target(batch.target.numpy()))  # (B, H)
+            times.append(batch.decoder_time_ns.numpy())  # (B, H)
+            symbols.append(batch.symbol_index.numpy())  # (B,)
+
+    table = _forecast_table(
+        np.concatenate(forecasts),
+        np.concatenate(actuals),
+        np.concatenate(times),
+        np.concatenate(symbols),
+        normalizer,
+        config.quantiles,
+    )
+    target = Path(output)
+    write_atomic(target, lambda temporary: pq.write_table(table, temporary))
+    return PredictionResult(
+        path=target, num_rows=table.num_rows, num_windows=len(windows), horizon=config.horizon
+    )
+
+
+def _forecast_table(
+    forecasts: np.ndarray,
+    actuals: np.ndarray,
+    times: np.ndarray,
+    symbol_index: np.ndarray,
+    normalizer: Normalizer,
+    quantiles: tuple[float, ...],
+) -> pa.Table:
+    num_windows, horizon, _ = forecasts.shape  # (N, H, Q)
+    names = np.asarray(normalizer.symbols, dtype=object)
+    columns: dict[str, pa.Array] = {
+        "timestamp": pa.array(times.reshape(-1), type=pa.timestamp("ns", tz="UTC")),
+        "symbol": pa.array(np.repeat(names[symbol_index], horizon), type=pa.string()),
+        "horizon_step": pa.array(np.tile(np.arange(1, horizon + 1), num_windows), type=pa.int32()),
+        "actual": pa.array(actuals.reshape(-1).astype(np.float64)),
+    }
+    for index, quantile in enumerate(quantiles):
+        columns[quantile_column(quantile)] = pa.array(
+            forecasts[:, :, index].reshape(-1).astype(np.float64)
+        )
+    roles = normalizer.roles
+    metadata = {"target": roles.target, "target_transform": roles.target_transform}
+    return pa.table(columns).replace_schema_metadata(metadata)

@@ -1,0 +1,176 @@
+"""From a :class:`~autockpt.training.config.TrainConfig` to everything a run needs before its first step.
+
+:func:`prepare` resolves the device and precision, reads the budget, loads the data windows,
+builds the TFT from the preset and the data's dimensions, and plans its training step. It writes
+nothing, so the ``plan`` command stops here and a bad input leaves no trace; ``train`` goes on
+to :mod:`autockpt.training.train`.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from autockpt.errors import DataError
+from autockpt.planner.plan_model import Plan
+from autockpt.planner.sharding import Parallelism
+from autockpt.planner.units import Budget
+from autockpt.training.config import TrainConfig
+from autockpt.training.distributed import SINGLE_PROCESS, World, agree_on_plan, resolve_parallelism
+from autockpt.training.planning import make_plan
+from autockpt.training.settings import (
+    QuantileLoss,
+    column_roles,
+    resolve_budget,
+    resolve_data_path,
+    resolve_device,
+    resolve_precision,
+    seed_everything,
+)
+from tft.config import TFTConfig, get_preset
+from tft.data import WindowedData, load_windows
+from tft.model import TemporalFusionTransformer
+from tft.normalize import Normalizer
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything resolved from a config before the first step; ``plan`` prints it."""
+
+    config: TrainConfig
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    data_path: Path
+    data: WindowedData
+    model_config: TFTConfig
+    model: TemporalFusionTransformer
+    budget: Budget | None
+    """None: no budget given on the CPU, so the run is not limited (the plan still is made)."""
+    plan: Plan
+    loss_fn: QuantileLoss
+    example_inputs: tuple[torch.Tensor, ...]
+    example_targets: tuple[torch.Tensor, ...]
+    notes: tuple[str, ...] = ()
+    world: World = SINGLE_PROCESS
+    """The ranks training together (NOTE [Distributed training]); one process by default."""
+    parallelism: Parallelism = "single"
+    """How the ranks share the model (``config.strategy`` resolved for the world's size)."""
+
+    @property
+    def batch_size(self) -> int:
+        """Windows per step on this rank (what the plan is for)."""
+        return self.model_config.batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        """Windows per optimizer step over all ranks."""
+        return self.model_config.batch_size * self.world.world_size
+
+
+def prepare(
+    config: TrainConfig,
+    *,
+    normalizer: Normalizer | None = None,
+    world: World = SINGLE_PROCESS,
+    plan_world_size: int | None = None,
+) -> Setup:
+    """Resolve the device, read the data, build the model and plan its training step.
+
+    Args:
+        config: the run's settings.
+        normalizer: statistics to apply instead of fitting them (a resumed run's own).
+        world: the ranks training together; rank 0 plans for every rank (its process group
+            must be joined already, see :func:`autockpt.training.distributed.process_group`).
+        plan_world_size: plan for one rank of this many instead of the world's (the ``plan``
+            command's ``--world-size``, run in one process).
+
+    Returns:
+        The setup; nothing is written to disk.
+
+    Raises:
+        DeviceError, BudgetError, DataError, ConfigError, InfeasibleBudgetError: user errors.
+    """
+    device = world.device(resolve_device(config.device))
+    num_ranks = plan_world_size if plan_world_size is not None else world.world_size
+    how = "plan for one of N ranks with --world-size N"
+    parallelism = (
+        resolve_parallelism(config.strategy, num_ranks, how=how)
+        if plan_world_size is not None
+        else resolve_parallelism(config.strategy, num_ranks)
+    )
+    autocast_dtype = resolve_precision(config.precision, device)
+    budget = resolve_budget(config.vram_budget, device)
+    data_path, note = resolve_data_path(config)
+    preset = get_preset(config.preset)
+    data = load_windows(
+        data_path,
+        roles=column_roles(config) if normalizer is None else None,
+        encoder_length=config.encoder_length or preset.encoder_length,
+        horizon=config.horizon or preset.horizon,
+        normalizer=normalizer,
+    )
+    model_config = preset.with_overrides(
+        num_observed=data.num_observed,
+        num_known=data.num_known,
+        static_cardinalities=data.static_cardinalities,
+        encoder_length=data.encoder_length,
+        horizon=data.horizon,
+        batch_size=config.batch_size or preset.batch_size,
+        dropout=config.dropout if config.dropout is not None else preset.dropout,
+    )
+    global_batch_size = model_config.batch_size * world.world_size
+    if len(data.train) < global_batch_size:
+        ranks = f" x {world.world_size} ranks" if world.is_distributed else ""
+        raise DataError(
+            f"{data_path}: {len(data.train)} training windows are fewer than the batch size "
+            f"{model_config.batch_size}{ranks}; lower --batch-size or use a longer file"
+        )
+    seed_everything(config.seed)
+    model = TemporalFusionTransformer(model_config).to(device)
+    loss_fn = QuantileLoss(model_config.quantiles)
+    example = data.train.batch(np.arange(model_config.batch_size))
+    example_inputs = tuple(t.to(device) for t in example.inputs())
+    example_targets = (example.target.to(device),)
+    plan = agree_on_plan(
+        world,
+        lambda: make_plan(
+            model,
+            example_inputs,
+            example_targets,
+            budget,
+            loss_fn=loss_fn,
+            device=device,
+            config=config,
+            autocast_dtype=autocast_dtype,
+            world_size=num_ranks,
+            parallelism=parallelism,
+        ),
+    )
+    return Setup(
+        config=config,
+        device=device,
+        autocast_dtype=autocast_dtype,
+        data_path=data_path,
+        data=data,
+        model_config=model_config,
+        model=model,
+        budget=budget,
+        plan=plan,
+        loss_fn=loss_fn,
+        example_inputs=example_inputs,
+        example_targets=example_targets,
+        notes=(note,) if note else (),
+        world=world,
+        parallelism=parallelism,
+    )
+
+
+def autocast(setup: Setup) -> AbstractContextManager[Any]:
+    if setup.autocast_dtype is None:
+        return nullcontext()
+    return torch.autocast(setup.device.type, dtype=setup.autocast_dtype)

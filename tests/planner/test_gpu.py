@@ -1,0 +1,99 @@
+"""Checks that need a CUDA device: the planner against the caching allocator.
+
+Run on a machine with a GPU (``pytest -m gpu``); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import autockpt
+from autockpt.planner.verify import verify_plan
+from tests.helpers import MLPStack
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def _tft_225_on_cuda(batch_size: int = 32) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    from tft.config import get_preset
+    from tft.model import TemporalFusionTransformer
+
+    config = get_preset("tft-225")
+    model = TemporalFusionTransformer(config).cuda()
+    return model, model.example_inputs(batch_size, device=torch.device("cuda"))
+
+
+def _tensor_peak(plan: autockpt.Plan) -> int:
+    """The plan's prediction without the context and headroom it adds on CUDA."""
+    return plan.predicted_peak_bytes - plan.breakdown.context_bytes - plan.breakdown.headroom_bytes
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5, 0.25])
+def test_prediction_within_3_percent_of_max_memory_allocated(fraction):
+    model, inputs = _tft_225_on_cuda()
+    unplanned = autockpt.plan(model, inputs, 10**12, use_gradient_checkpointing=False)
+    budget = int(unplanned.predicted_peak_bytes * fraction) + unplanned.breakdown.context_bytes
+    plan = autockpt.plan(model, inputs, budget, verify=False)
+    check = verify_plan(model, plan, inputs)
+    allocated = check.measured_peak_bytes - plan.breakdown.context_bytes
+    reserved = check.reserved_peak_bytes - plan.breakdown.context_bytes
+    print(
+        f"fraction {fraction}: predicted {_tensor_peak(plan)} allocated {allocated} "
+        f"reserved {reserved} ({reserved / max(allocated, 1) - 1:+.1%} over allocated)"
+    )
+    assert abs(_tensor_peak(plan) - allocated) <= 0.03 * allocated
+
+
+def test_planned_step_stays_under_budget_as_nvidia_smi_would_show_it():
+    model, inputs = _tft_225_on_cuda()
+    unplanned = autockpt.plan(model, inputs, 10**12, use_gradient_checkpointing=False)
+    budget = unplanned.predicted_peak_bytes // 2
+    plan = autockpt.plan(model, inputs, budget)  # verifies with a real step on CUDA
+    check = verify_plan(model, plan, inputs)
+    assert check.within_budget, check
+
+
+def test_cudnn_lstm_reserve_is_counted():
+    lstm = nn.LSTM(64, 64, batch_first=True).cuda()
+
+    class Wrapper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = lstm
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lstm(x)[0]
+
+    model = Wrapper()
+    inputs = (torch.randn(32, 130, 64, device="cuda"),)
+    plan = autockpt.plan(model, inputs, 10**12, verify=False)
+    check = verify_plan(model, plan, inputs)
+    allocated = check.measured_peak_bytes - plan.breakdown.context_bytes
+    assert abs(_tensor_peak(plan) - allocated) <= 0.03 * allocated
+
+
+def test_mlp_gradients_match_on_cuda():
+    model = MLPStack(256, 6, dropout=0.1).cuda()
+    inputs = (torch.randn(1024, 256, device="cuda"),)
+    unplanned = autockpt.plan(model, inputs, 10**12, use_gradient_checkpointing=False)
+    plan = autockpt.plan(
+        model,
+        inputs,
+        int(unplanned.predicted_peak_bytes * 0.9),
+        allow_chunks=False,
+        allow_micro_batches=False,
+    )
+    planned = autockpt.apply(model, plan)
+    torch.manual_seed(0)
+    model(*inputs).sum().backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    planned(*inputs).sum().backward()
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(parameter.grad, want[name], msg=name)

@@ -1,0 +1,102 @@
+"""TrainConfig and load_train_config: defaults, TOML, overrides, and one-line errors."""
+
+from pathlib import Path
+
+import pytest
+
+from autockpt.errors import BudgetError, ConfigError
+from autockpt.training.config import TrainConfig, load_train_config
+
+
+def write_toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_leave_preset_values_unset() -> None:
+    config = TrainConfig()
+    assert config.batch_size is None
+    assert config.use_gradient_checkpointing is None
+    assert config.vram_budget is None
+
+
+def test_toml_values_and_command_line_overrides(tmp_path: Path) -> None:
+    path = write_toml(
+        tmp_path,
+        'preset = "tiny"\nepochs = 3\nvram_budget = "2GB"\nknown_columns = ["a", "b"]\n',
+    )
+    config = load_train_config(path, {"epochs": 5, "lr": None})
+    assert config.preset == "tiny"
+    assert config.epochs == 5  # the command line wins
+    assert config.lr == TrainConfig().lr  # None leaves the default alone
+    assert config.known_columns == ("a", "b")
+    assert config.vram_budget == "2GB"
+
+
+def test_base_values_sit_under_the_file(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "epochs = 4\n")
+    config = load_train_config(path, {}, base={"preset": "tiny", "epochs": 1})
+    assert (config.preset, config.epochs) == ("tiny", 4)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("epochs = \n", "not valid TOML"),
+        ("epoch = 3\n", "unknown key 'epoch'; did you mean 'epochs'?"),
+        ("[train]\nepochs = 3\n", "unknown key 'train'"),
+        ("epochs = 0\n", "epochs = 0 is invalid: must be at least 1"),
+        ('preset = "huge"\n', "is not a preset (preset: model size, one of tiny, small, tft-225"),
+        ('device = "tpu"\n', "device = 'tpu' is invalid"),
+        ('vram_budget = "4XB"\n', "budget '4XB' is not a size"),
+        ("lr = -1.0\n", "must be a finite number above 0"),
+    ],
+)
+def test_bad_toml_raises_one_line_config_error(tmp_path: Path, text: str, fragment: str) -> None:
+    path = write_toml(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_train_config(path, {})
+    message = str(caught.value)
+    assert fragment in message
+    assert "\n" not in message.strip()
+
+
+def test_missing_toml_file_names_the_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist; check the path after --config"):
+        load_train_config(tmp_path / "nope.toml", {})
+
+
+def test_errors_name_the_option_they_came_from() -> None:
+    with pytest.raises(ConfigError, match=r"^--max-steps-per-epoch = 0 is invalid"):
+        load_train_config(None, {"max_steps_per_epoch": 0})
+
+
+@pytest.mark.parametrize("text", ["4XB", "-1GB", "0", "", "   "])
+def test_bad_budget_strings_fail_at_load(text: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_train_config(None, {"vram_budget": text})
+    assert isinstance(caught.value, ConfigError)
+    assert "budget" in str(caught.value)
+
+
+def test_budget_errors_keep_the_units_message() -> None:
+    with pytest.raises(ConfigError, match="write a positive size like 4GB"):
+        load_train_config(None, {"vram_budget": "-1GB"})
+    assert issubclass(BudgetError, ValueError)
+
+
+def test_auto_budget_is_read_later_with_the_device() -> None:
+    assert load_train_config(None, {"vram_budget": "auto"}).vram_budget == "auto"
+
+
+def test_with_updates_validates() -> None:
+    config = TrainConfig(preset="tiny")
+    assert config.with_updates(epochs=2).epochs == 2
+    with pytest.raises(ConfigError, match="epochs = 0"):
+        config.with_updates(epochs=0)
+
+
+def test_every_field_is_documented() -> None:
+    for name, field in TrainConfig.model_fields.items():
+        assert field.description, f"{name} has no docstring"

@@ -1,0 +1,267 @@
+"""Training on two gloo ranks on the CPU: the same losses as one process, one plan, one writer.
+
+The two-rank runs are launched once per module with ``torch.distributed.run`` on loopback and
+several tests read them: one epoch, then a resume for the second epoch on two ranks again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from autockpt.cli import main
+from autockpt.errors import ConfigError
+from autockpt.planner.plan_model import Plan
+from autockpt.planner.step import training_step
+from autockpt.training.distributed import World, plan_digest, rank_slice, world_from_environment
+from autockpt.training.runs import PLAN_FILE, RunFolder
+from autockpt.training.settings import SAMPLE_DATA
+from tft.data import Batch
+
+REPO = Path(__file__).resolve().parents[2]
+# Dropout off, so a step's result does not depend on which rank drew which mask.
+RUN = ["--preset", "tiny", "--quiet", "--max-steps-per-epoch", "3", "--seed", "5", "--dropout", "0"]
+PER_RANK_BATCH = 8
+LAUNCH_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def launch_two_ranks(*arguments: str) -> subprocess.CompletedProcess[str]:
+    """``torchrun --nproc-per-node 2 -m autockpt train ...`` on loopback, bounded in time."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "autockpt",
+        "train",
+        *arguments,
+    ]
+    result = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def records(run: Path, kind: str) -> list[dict]:
+    return [r for r in RunFolder(run).read_metrics() if r["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """Epoch 1 on two ranks, then epoch 2 resumed on two ranks; returns the folder and stdouts."""
+    out = tmp_path_factory.mktemp("ddp") / "run"
+    batch = ["--batch-size", str(PER_RANK_BATCH)]
+    first = launch_two_ranks(str(SAMPLE_DATA), *RUN, *batch, "--epochs", "1", "--out", str(out))
+    second = launch_two_ranks("--resume", str(out), "--epochs", "2", "--quiet")
+    return out, [first.stdout, second.stdout]
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same runs in one process with the global batch (twice the per-rank batch)."""
+    out = tmp_path_factory.mktemp("single") / "run"
+    batch = ["--batch-size", str(2 * PER_RANK_BATCH)]
+    assert main(["train", str(SAMPLE_DATA), *RUN, *batch, "--epochs", "1", "--out", str(out)]) == 0
+    assert main(["train", "--resume", str(out), "--epochs", "2", "--quiet"]) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_two_ranks_give_the_losses_of_one_process_with_the_global_batch(
+    two_rank_run: tuple[Path, list[str]], one_process_run: Path
+) -> None:
+    ddp, _ = two_rank_run
+    ddp_steps, single_steps = records(ddp, "step"), records(one_process_run, "step")
+    assert len(ddp_steps) == len(single_steps) == 6
+    # Epoch 2 ran after a resume, on two ranks and in one process alike.
+    for mine, theirs in zip(ddp_steps, single_steps, strict=True):
+        assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-5, abs=1e-6)
+    for mine, theirs in zip(records(ddp, "epoch"), records(one_process_run, "epoch"), strict=True):
+        assert mine["val_windows"] == theirs["val_windows"]
+        assert mine["val_loss"] == pytest.approx(theirs["val_loss"], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_both_ranks_run_rank_zeros_plan(two_rank_run: tuple[Path, list[str]]) -> None:
+    ddp, _ = two_rank_run
+    agreements = [r for r in records(ddp, "event") if "plan_digest_by_rank" in r]
+    assert len(agreements) == 2  # the first run and the resume
+    for record in agreements:
+        digests = record["plan_digest_by_rank"]
+        assert len(digests) == 2 and digests[0] == digests[1]
+    saved = Plan.model_validate_json((ddp / PLAN_FILE).read_text())
+    assert plan_digest(saved) == agreements[-1]["plan_digest_by_rank"][0]
+
+
+@pytest.mark.slow
+def test_only_rank_zero_prints_and_writes(two_rank_run: tuple[Path, list[str]]) -> None:
+    ddp, stdouts = two_rank_run
+    for stdout in stdouts:
+        lines = [line for line in stdout.splitlines() if line.startswith("{")]
+        assert sum('"kind": "start"' in line for line in lines) == 1
+        assert sum('"kind": "summary"' in line for line in lines) == 1
+    assert sorted(p.name for p in ddp.iterdir()) == [
+        "best.pt",
+        "config.json",
+        "last.pt",
+        "metrics.jsonl",
+        "plan.json",
+    ]
+    # One writer: every step appears once, and the log holds one summary per launch.
+    assert [r["step"] for r in records(ddp, "step")] == [1, 2, 3, 4, 5, 6]
+    assert [r["world_size"] for r in records(ddp, "summary")] == [2, 2]
+
+
+@pytest.mark.slow
+def test_a_run_of_two_ranks_is_not_resumed_on_one(
+    two_rank_run: tuple[Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    ddp, _ = two_rank_run
+    assert main(["train", "--resume", str(ddp), "--epochs", "3", "--quiet"]) == 2
+    error = capsys.readouterr().err
+    assert "trained on 2 rank(s)" in error and "this run has 1" in error
+
+
+# ---------------------------------------------------------------------------- FSDP
+
+#: Per rank: tight enough that the plan recomputes and splits the batch (checked below).
+FSDP_BUDGET = "1000000"
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """The two-rank runs again with --strategy fsdp and a per-rank budget, resumed likewise."""
+    out = tmp_path_factory.mktemp("fsdp") / "run"
+    options = ["--batch-size", str(PER_RANK_BATCH), "--strategy", "fsdp"]
+    first = launch_two_ranks(
+        str(SAMPLE_DATA),
+        *RUN,
+        *options,
+        "--vram-budget",
+        FSDP_BUDGET,
+        "--epochs",
+        "1",
+        "--out",
+        str(out),
+    )
+    second = launch_two_ranks("--resume", str(out), "--epochs", "2", "--quiet")
+    return out, [first.stdout, second.stdout]
+
+
+@pytest.mark.slow
+def test_fsdp_ranks_give_the_losses_of_one_process_with_the_global_batch(
+    fsdp_run: tuple[Path, list[str]], one_process_run: Path
+) -> None:
+    fsdp, stdouts = fsdp_run
+    plan = Plan.model_validate_json((fsdp / PLAN_FILE).read_text())
+    assert (plan.world_size, plan.parallelism) == (2, "fsdp")
+    assert plan.num_recomputed > 0 and plan.num_micro_batches > 1  # planned segments in use
+    steps, single_steps = records(fsdp, "step"), records(one_process_run, "step")
+    assert len(steps) == len(single_steps) == 6  # epoch 2 ran after a resume on two ranks
+    for mine, theirs in zip(steps, single_steps, strict=True):
+        assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-5, abs=1e-6)
+    for mine, theirs in zip(records(fsdp, "epoch"), records(one_process_run, "epoch"), strict=True):
+        assert mine["val_loss"] == pytest.approx(theirs["val_loss"], rel=1e-5, abs=1e-6)
+    agreements = [r for r in records(fsdp, "event") if "plan_digest_by_rank" in r]
+    assert len(agreements) == 2 and all(len(set(r["plan_digest_by_rank"])) == 1 for r in agreements)
+    assert [r["parallelism"] for r in records(fsdp, "summary")] == ["fsdp", "fsdp"]
+    # One writer: the same files as one process, every step once.
+    assert sorted(p.name for p in fsdp.iterdir()) == [
+        "best.pt",
+        "config.json",
+        "last.pt",
+        "metrics.jsonl",
+        "plan.json",
+    ]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
+    for stdout in stdouts:
+        assert sum('"kind": "summary"' in line for line in stdout.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_an_fsdp_checkpoint_loads_into_the_plain_model(fsdp_run: tuple[Path, list[str]]) -> None:
+    fsdp, _ = fsdp_run
+    checkpoint = RunFolder(fsdp).load_checkpoint("best.pt")
+    assert checkpoint["parallelism"] == "fsdp"
+    assert all(
+        isinstance(v, torch.Tensor) and type(v) is torch.Tensor
+        for v in checkpoint["model"].values()
+    )
+
+
+def test_a_strategy_needs_several_ranks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--preset", "tiny", "--strategy", "fsdp", "--quiet"]) == 2
+    assert "--strategy fsdp needs several ranks" in capsys.readouterr().err
+    assert main(["plan", "--preset", "tiny", "--strategy", "fsdp", "--quiet"]) == 2
+    assert "--world-size N" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- the parts
+
+
+def test_the_world_comes_from_torchruns_variables() -> None:
+    assert world_from_environment({}) == World()
+    world = world_from_environment({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"})
+    assert world == World(rank=3, world_size=4, local_rank=1)
+    assert not world.is_main and world.is_distributed
+    assert world.device(torch.device("cuda")) == torch.device("cuda", 1)
+    assert world.device(torch.device("cpu")) == torch.device("cpu")
+    with pytest.raises(ConfigError, match="RANK=4 is not within WORLD_SIZE=4"):
+        world_from_environment({"RANK": "4", "WORLD_SIZE": "4"})
+    with pytest.raises(ConfigError, match="whole numbers"):
+        world_from_environment({"RANK": "x", "WORLD_SIZE": "2"})
+
+
+@pytest.mark.parametrize("size", [8, 7, 1])
+def test_rank_slices_are_disjoint_and_cover_the_batch(size: int) -> None:
+    batch = Batch(*(torch.arange(size) for _ in Batch._fields))
+    parts = [rank_slice(batch, World(rank=r, world_size=3)) for r in range(3)]
+    assert torch.equal(torch.cat([part.target for part in parts]), batch.target)
+    assert max(len(p.target) for p in parts) - min(len(p.target) for p in parts) <= 1
+
+
+def test_gradients_are_synchronised_on_the_last_micro_batch_only() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 1))
+    plan = Plan.model_construct(num_micro_batches=4)  # training_step reads only this field
+    inputs, targets = (torch.randn(12, 5),), (torch.randn(12, 1),)
+    entered: list[int] = []
+
+    @contextlib.contextmanager
+    def no_sync() -> Iterator[None]:
+        entered.append(1)
+        yield
+
+    reference = training_step(model, plan, inputs, targets, torch.nn.functional.mse_loss)
+    expected = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    loss = training_step(
+        model, plan, inputs, targets, torch.nn.functional.mse_loss, no_sync=no_sync
+    )
+    assert len(entered) == plan.num_micro_batches - 1
+    assert torch.equal(loss, reference)
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is not None
+        assert torch.equal(parameter.grad, expected[name])
