@@ -21,12 +21,16 @@ class InfeasibleBudgetError(AutockptError):
     Attributes:
         budget_bytes: the budget that was asked for.
         minimum_bytes: the smallest budget a plan can meet for this model and batch.
+        bound: what keeps the minimum where it is, as the message says it ("" when not known).
     """
 
-    def __init__(self, message: str, *, budget_bytes: int, minimum_bytes: int) -> None:
+    def __init__(
+        self, message: str, *, budget_bytes: int, minimum_bytes: int, bound: str = ""
+    ) -> None:
         super().__init__(message)
         self.budget_bytes = budget_bytes
         self.minimum_bytes = minimum_bytes
+        self.bound = bound
 
 
 class TraceError(AutockptError):

@@ -6,11 +6,22 @@ TemporalFusionTransformer is built at the same shape and the two are timed alter
 run, so both see the same machine load; the ratio is the number to read. It is not a dependency of
 autockpt: ``pip install pytorch-forecasting`` (check with ``--dry-run`` that it keeps your torch).
 
-    python benchmarks/tft_speed.py [--steps 9] [--threads 2]
+    python benchmarks/tft_speed.py [--steps 9] [--threads 2] [--compile]
+
+The process keeps freed memory for reuse, as ``autockpt train`` does on the CPU (NOTE [Tuning the
+host process] in ``autockpt/training/host_tuning.py``); ``--fresh-pages`` leaves glibc's malloc as
+it is, so that every tensor above its mmap threshold (32 MiB at most) is mapped and zeroed afresh
+on every step. Both models run in this process, so both get the same setting.
+
+``--compile`` also times each model through ``torch.compile`` (the first call compiles, which
+takes minutes on a 2-core machine and is not timed), and prints the ratio of each model's best
+mode beside the eager-against-eager one. pytorch-forecasting's model is compiled only with
+``--compile-theirs``: its forward loops over every input variable in Python, so its graph is
+hundreds of GRNs long.
 
 Load averages are printed because another busy process on the same cores inflates every number.
 The user and system CPU time per step are printed too: system time is mostly the kernel zeroing
-freshly mapped pages, which every tensor above glibc's 32 MB mmap threshold costs on each step.
+freshly mapped pages.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from collections.abc import Callable
 
 import torch
 
+from autockpt.training.host_tuning import keep_freed_memory
 from tft.config import TFTConfig, get_preset
 from tft.loss import quantile_loss
 from tft.model import TemporalFusionTransformer
@@ -37,20 +49,22 @@ def bench_config() -> TFTConfig:
     return get_preset("tft-225", encoder_length=60, batch_size=32)
 
 
-def our_step(config: TFTConfig) -> Step:
+def our_step(config: TFTConfig, *, compiled: bool = False) -> Step:
+    torch.manual_seed(0)
     model = TemporalFusionTransformer(config).train()
+    run = torch.compile(model) if compiled else model
     generator = torch.Generator().manual_seed(0)
     inputs = model.example_inputs(config.batch_size, generator=generator)
     target = torch.randn(config.batch_size, config.horizon, generator=generator)
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
-        quantile_loss(model(*inputs), target, config.quantiles).backward()
+        quantile_loss(run(*inputs), target, config.quantiles).backward()
 
     return step
 
 
-def their_step(config: TFTConfig) -> Step | None:
+def their_step(config: TFTConfig, *, compiled: bool = False) -> Step | None:
     """pytorch-forecasting's TFT at ``config``'s shape, or None when it is not installed."""
     try:
         from pytorch_forecasting import TemporalFusionTransformer as TheirTFT
@@ -97,10 +111,11 @@ def their_step(config: TFTConfig) -> Step | None:
         "target_scale": torch.ones(batch, 2),
     }
     target = torch.randn(batch, config.horizon, generator=generator)
+    run = torch.compile(model) if compiled else model
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
-        prediction = model(batch_dict)["prediction"]
+        prediction = run(batch_dict)["prediction"]
         quantile_loss(prediction, target, config.quantiles).backward()
 
     return step
@@ -120,21 +135,6 @@ def _load() -> str:
     return "/".join(f"{value:.1f}" for value in os.getloadavg())
 
 
-def _keep_freed_memory() -> None:
-    """Stop glibc from serving large blocks with fresh mmap pages.
-
-    Tensors over glibc's mmap threshold (32 MiB at most) are mapped afresh and zeroed by the
-    kernel on every allocation: on a 2-core machine that was about half of our TFT's step
-    (system time), because its variable selection tensors are about 100 MB each.
-    """
-    import ctypes
-
-    libc = ctypes.CDLL("libc.so.6")
-    m_trim_threshold, m_mmap_threshold = -1, -3  # from malloc.h
-    libc.mallopt(m_mmap_threshold, 1 << 30)
-    libc.mallopt(m_trim_threshold, (1 << 31) - 1)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="Time one TFT training step on the CPU, ours against pytorch-forecasting's."
@@ -143,32 +143,41 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument(
-        "--keep-freed-memory",
+        "--fresh-pages",
         action="store_true",
-        help="tell glibc's malloc to reuse freed blocks instead of returning them to the "
-        "kernel (both models run in this process, so both get it)",
+        help="leave glibc's malloc as it is instead of keeping freed memory as the trainer does",
+    )
+    parser.add_argument("--compile", action="store_true", help="also time ours compiled")
+    parser.add_argument(
+        "--compile-theirs", action="store_true", help="also time pytorch-forecasting's compiled"
     )
     args = parser.parse_args(argv)
-    if args.keep_freed_memory:
-        _keep_freed_memory()
+    kept = not args.fresh_pages and keep_freed_memory()
 
     torch.set_num_threads(args.threads)
     config = bench_config()
     steps: dict[str, Step] = {"ours": our_step(config)}
+    if args.compile:
+        steps["ours, compiled"] = our_step(config, compiled=True)
     theirs = their_step(config)
     if theirs is not None:
         steps["pytorch-forecasting"] = theirs
+        compiled_theirs = their_step(config, compiled=True) if args.compile_theirs else None
+        if compiled_theirs is not None:
+            steps["pytorch-forecasting, compiled"] = compiled_theirs
     print(
         f"TFT forward+backward: {config.num_observed} observed + {config.num_known} known inputs, "
         f"hidden {config.hidden_size}, {config.num_heads} heads, variable hidden "
         f"{config.variable_hidden_size}, encoder {config.encoder_length}, horizon "
         f"{config.horizon}, batch {config.batch_size}, {args.threads} CPU threads, "
-        f"torch {torch.__version__}"
+        f"torch {torch.__version__}, freed memory {'kept' if kept else 'returned (fresh pages)'}"
     )
     print(f"load average before: {_load()}")
-    for step in steps.values():
+    for name, step in steps.items():
+        started = time.perf_counter()
         for _ in range(args.warmup):
             step()
+        print(f"{name:>30}: {args.warmup} warm-up steps took {time.perf_counter() - started:.1f} s")
     times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in steps}
     for _ in range(args.steps):
         for name, step in steps.items():
@@ -180,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
         user_ms = statistics.median(t[1] for t in values) * 1e3
         system_ms = statistics.median(t[2] for t in values) * 1e3
         print(
-            f"{name:>20}: median {medians[name] * 1e3:7.1f} ms  (min {min(walls) * 1e3:.1f}, "
+            f"{name:>30}: median {medians[name] * 1e3:7.1f} ms  (min {min(walls) * 1e3:.1f}, "
             f"max {max(walls) * 1e3:.1f}, {len(walls)} steps; CPU per step: user "
             f"{user_ms:.0f} ms, system {system_ms:.0f} ms)"
         )
@@ -189,9 +198,17 @@ def main(argv: list[str] | None = None) -> None:
             "pytorch-forecasting comparison skipped: the package is not installed "
             "(pip install pytorch-forecasting; check with --dry-run that it keeps your torch)"
         )
-    else:
-        ratio = medians["pytorch-forecasting"] / medians["ours"]
-        print(f"{'ratio':>20}: pytorch-forecasting / ours = {ratio:.2f}")
+        return
+    ratio = medians["pytorch-forecasting"] / medians["ours"]
+    print(f"{'ratio, eager':>30}: pytorch-forecasting / ours = {ratio:.2f}")
+    if len(steps) > 2:
+        ours_best = min(value for name, value in medians.items() if name.startswith("ours"))
+        theirs_best = min(
+            value for name, value in medians.items() if name.startswith("pytorch-forecasting")
+        )
+        print(
+            f"{'ratio, best modes':>30}: pytorch-forecasting / ours = {theirs_best / ours_best:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,11 +1,19 @@
-"""Shared test fixtures: a fixed torch seed for every test and the bundled sample file."""
+"""Shared test fixtures: a fixed torch seed for every test, the bundled sample file, and a
+fixed time model for tests that need the planner to choose the same plan every run."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
+from autockpt.planner import planning
+from autockpt.planner.timing import TimeModel
+
 SAMPLE_PARQUET = Path(__file__).resolve().parents[1] / "examples" / "data" / "sample.parquet"
+
+#: Rates of a 2-core CPU like the one the tests were written on (flops, bytes moved, per-op
+#: overhead), fixed so that plans do not depend on how busy the machine is.
+FIXED_TIME_MODEL = TimeModel(flops_per_s=6e10, bytes_per_s=3.5e9, op_overhead_s=1e-5)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -24,3 +32,16 @@ def _seed_torch() -> None:
 def sample_parquet() -> Path:
     """Path of examples/data/sample.parquet (2 symbols, 15 days, 16 features, seed 7)."""
     return SAMPLE_PARQUET
+
+
+@pytest.fixture
+def fixed_time_model(monkeypatch: pytest.MonkeyPatch) -> TimeModel:
+    """Plan with :data:`FIXED_TIME_MODEL` instead of timings taken on the busy machine.
+
+    The planner picks the cheapest plan that fits, by rates it measures and by timing the real
+    model, and both move with the load; a test that asserts which kind of plan a budget gets
+    (chunks, micro-batches) would otherwise depend on what else runs.
+    """
+    monkeypatch.setattr(planning, "calibrate", lambda *_args, **_kwargs: FIXED_TIME_MODEL)
+    monkeypatch.setattr(planning, "can_time", lambda *_args, **_kwargs: False)
+    return FIXED_TIME_MODEL

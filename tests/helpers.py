@@ -1,8 +1,7 @@
-"""Shared test helpers: tiny models of different shapes and a tracked real training step."""
+"""Shared test helpers: tiny models of different shapes and a real training step, counted."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 
 import torch
@@ -10,7 +9,7 @@ from torch import nn
 
 import autockpt
 from autockpt.planner.measure import default_loss
-from autockpt.planner.memory import flat_tensors
+from tests.oracle import measured_step
 
 
 class MLPStack(nn.Module):
@@ -106,25 +105,10 @@ def tracked_step(
     """One real AdamW step on a copy of ``model`` (planned with ``plan`` if given), with the
     loss ``loss_fn(output, *targets)``; the targets are held through the step, as in training.
 
-    The optimizer state exists before the step, as in training, so the tracked peak is
-    comparable with the plan's prediction.
+    The peak is counted by the independent counter of :mod:`tests.oracle`, not by the
+    planner's own tracker (which would share any blind spot with the prediction).
 
     Returns:
-        (tracked peak bytes, loss, gradients by parameter name).
+        (peak bytes, loss, gradients by parameter name).
     """
-    model = copy.deepcopy(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for parameter in model.parameters():
-        parameter.grad = torch.zeros_like(parameter)
-    snapshot = copy.deepcopy(model.state_dict())
-    optimizer.step()
-    model.load_state_dict(snapshot)
-    optimizer.zero_grad(set_to_none=True)
-    runner = autockpt.apply(model, plan) if plan is not None else model
-    torch.manual_seed(seed)
-    held = [*autockpt.tensors_of(model, optimizer), *flat_tensors([*inputs, *targets])]
-    with autockpt.MemoryTracker(initial=held) as t:
-        loss = autockpt.training_step(runner, plan, inputs, targets, loss_fn, loss_reduction="sum")
-        optimizer.step()
-    gradients = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return t.peak_bytes, loss, gradients
+    return measured_step(model, inputs, plan, loss_fn=loss_fn, targets=targets, seed=seed)

@@ -12,9 +12,10 @@ Nothing here imports torch, so ``autockpt --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 _BUDGET_HELP = (
     "memory budget as nvidia-smi would show it: 4GB, 3.5GiB, 800MB (GB/MB powers of 10, "
@@ -53,6 +54,9 @@ CONFIG_KEYS = (
     "epochs",
     "lr",
     "max_steps_per_epoch",
+    "memory_check_every",
+    "cpu_threads",
+    "compile",
     "out",
     "data",
 )
@@ -164,6 +168,25 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
         help="cap on steps (and validation batches) per epoch",
     )
     group.add_argument(
+        "--memory-check-every",
+        type=int,
+        metavar="N",
+        help="on the CPU with a budget, measure every Nth step's memory besides the first "
+        "steps after each plan (default: 50; 1 measures every step)",
+    )
+    group.add_argument(
+        "--cpu-threads",
+        type=int,
+        metavar="N",
+        help="torch threads of a CPU run (default: 1 for a small model, else all cores)",
+    )
+    group.add_argument(
+        "--compile",
+        action="store_const",
+        const=True,
+        help="run the planned training steps through torch.compile (slower first steps)",
+    )
+    group.add_argument(
         "--out", type=Path, metavar="DIR", help="run folder to create (default: runs/PRESET-TIME)"
     )
 
@@ -255,9 +278,24 @@ SUBCOMMANDS = (
 )
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr and exit code 2.
+
+    argparse's own ``error`` prints the whole usage block first; every other user mistake
+    ends in one line (README), so a missing ``-o`` or two exclusive flags end in one too,
+    naming the way to the full usage. Subcommand parsers are made of the same class.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``PROG: error: MESSAGE; see PROG --help`` and exit 2."""
+        line = " ".join(message.split())
+        print(f"{self.prog}: error: {line}; see {self.prog} --help", file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line; ``parse_args`` leaves the subcommand's name in ``command``."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="autockpt",
         description=(
             "Train a Temporal Fusion Transformer on intraday bars under a memory budget: "

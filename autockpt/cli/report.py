@@ -3,8 +3,9 @@
 :func:`print_plan` shows what the planner chose, one row per segment: its activation memory
 (with a bar against the largest), whether it is kept or recomputed (and in how many chunks), and
 what recomputing it costs. Under the table: the budget, the predicted peak and its breakdown, the
-step time the plan adds, micro-batching and the planner's notes. ``plan``, ``train`` and ``demo``
-print it before anything else.
+step time the plan adds (signed: a plan can be faster than the plain step; a note says whether
+the times were timed on the real model or estimated), micro-batching and the planner's notes.
+``plan``, ``train`` and ``demo`` print it before anything else.
 
 On a terminal rich fits the table to the window (folding long segment names); in a file or a
 pipe the console from :func:`autockpt.cli.console.make_console` is wide enough that every column
@@ -95,10 +96,11 @@ def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
         + (": " if per_rank else "")
         + ", ".join(f"{name} {format_bytes(size)}" for name, size in parts if size)
     )
+    # Signed: a plan measured faster than the plain step (smaller chunks can be) saves time.
     overhead = plan.predicted_extra_s / plan.unplanned_step_s if plan.unplanned_step_s else 0.0
     console.print(
-        f"step time:     +{plan.predicted_extra_s * 1000:.2f} ms predicted over "
-        f"{plan.unplanned_step_s * 1000:.2f} ms (+{overhead:.0%}); "
+        f"step time:     {plan.predicted_extra_s * 1000:+.2f} ms predicted over "
+        f"{plan.unplanned_step_s * 1000:.2f} ms ({overhead:+.0%}); "
         f"{plan.num_recomputed} of {len(plan.segments)} segments recomputed"
     )
     if plan.num_micro_batches > 1:

@@ -3,34 +3,56 @@
 from __future__ import annotations
 
 import torch
-import torch.fx as fx
 
 from autockpt.errors import PlanMismatchError
 from autockpt.planner.module_chain import apply_module_plan
 from autockpt.planner.plan_model import Plan
-from autockpt.planner.segmented import SegmentAction, adopt_state_of, build_segmented_module
+from autockpt.planner.planned_module import planned_module
+from autockpt.planner.segmented import SegmentAction
 from autockpt.planner.trace import COMPUTE_OPS, segments_from_node_lists, trace_graph
 
 
 def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
-    """The planned model: same call signature, same ``state_dict()`` keys, shared parameters.
+    """The planned model: the user's model, running the plan while it trains.
 
-    Segments the plan recomputes run under non-reentrant ``torch.utils.checkpoint`` with the
-    RNG state preserved (NOTE [Segment runners]); an optimizer built on ``model``'s parameters
-    trains the planned model. Micro-batches are not part of the module: run steps with
-    :func:`autockpt.training_step`, which reads them from the plan.
+    It is a shallow copy of ``model``, an instance of the same class, sharing its submodules,
+    parameters and buffers: same call signature, same ``state_dict()`` keys (and
+    ``load_state_dict`` on either loads both), and an optimizer built on ``model``'s
+    parameters trains it. ``train()`` and ``eval()`` act on it as on the original. While it
+    trains with gradients enabled it runs the traced graph, with the segments the plan
+    recomputes under non-reentrant ``torch.utils.checkpoint`` with the RNG state preserved
+    (NOTE [Segment runners]); in eval mode, under ``torch.no_grad()`` or
+    ``torch.inference_mode()`` it runs the model's own ``forward``: the original's outputs,
+    bit for bit, and no recompute (NOTE [The planned module]). It returns what the model
+    returns (dataclass, NamedTuple, dict subclass, tuple, tensor; NOTE [Output structure]).
+    ``copy.deepcopy`` and ``torch.compile`` work on it.
+
+    Hooks on the original's submodules: in eval (the model's own forward) all fire. While
+    training, those on modules the tracer keeps whole (``nn.Linear``, ``nn.Dropout``,
+    ``nn.LSTM``, ...) fire, again when a recomputed segment reruns them in backward, and those
+    on modules it traces through (the model's own blocks, ``nn.Sequential``) do not. Hooks on
+    the planned module itself fire on every call. A plan of module-level segments
+    (``plan.tracing == "forward-hooks"``) runs the model's own forward always: every hook fires.
+
+    Micro-batches are not part of the module: run steps with :func:`autockpt.training_step`,
+    which reads them from the plan.
 
     Args:
         model: the model the plan was made for.
         plan: from :func:`autockpt.plan` (or reloaded from its JSON).
 
     Returns:
-        The planned module: a ``torch.fx.GraphModule``, or for a plan of module-level
-        segments (``plan.tracing == "forward-hooks"``) a shallow copy of ``model`` whose
-        recomputed submodules run checkpointed.
+        The planned module: for a traced plan a shallow copy of ``model`` whose ``forward``
+        dispatches as above; for a plan of module-level segments a shallow copy of ``model``
+        whose recomputed submodules run checkpointed.
 
     Raises:
         PlanMismatchError: the plan was made for a different model.
+
+    Example:
+        >>> planned = autockpt.apply(model, plan)
+        >>> loss = autockpt.training_step(planned, plan, (x,), (y,), loss_fn)
+        >>> planned.eval(); prediction = planned(x)   # the model's own forward
     """
     if plan.tracing == "forward-hooks":
         # Module-level segments (NOTE [Module chain]): a shallow copy with checkpointed links.
@@ -40,7 +62,6 @@ def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
             [segment.recomputed for segment in plan.segments],
         )
     graph = trace_graph(model)
-    graph_module = fx.GraphModule(model, graph, class_name=f"Planned{type(model).__name__}")
     compute_names = [n.name for n in graph.nodes if n.op in COMPUTE_OPS]
     planned_names = [name for segment in plan.segments for name in segment.nodes]
     if planned_names != compute_names:
@@ -58,7 +79,4 @@ def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
         )
         for segment in plan.segments
     ]
-    planned = build_segmented_module(graph_module, segments, actions)
-    adopt_state_of(planned, model)
-    planned.train(model.training)
-    return planned
+    return planned_module(model, graph, segments, actions)

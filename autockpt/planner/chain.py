@@ -1,18 +1,26 @@
 """From measured profiles to the solver's chain, and from the solver's answer back to actions.
 
-The chain's positions are the traced model's segments (NOTE [Cut points]). Each position can
-be kept or recomputed on its own, with the numbers of the all-kept and all-recomputed profiles
-(NOTE [Chain memory model]). Where a region (a run of segments with a small outer boundary)
-starts, two more kinds of option span the whole region: recompute it as one unit, with the
-numbers of the profile in which every region is recomputed whole, and, if the region is
+NOTE [Chain levels]
+The chain's positions are the traced model's segments (NOTE [Cut points] in
+:mod:`autockpt.planner.cuts`). Each position can be kept or recomputed on its own, with the
+numbers of the all-kept and all-recomputed profiles (NOTE [Chain memory model]); one that
+writes its own input in place is only kept (NOTE [In-place writes]). Where a unit of several
+segments starts (in-place writes cut units finer), an option spans the whole unit: recompute it
+as one, with the numbers of the profile in which every unit is recomputed whole, so that cutting
+finer never loses a plan the units alone allowed. Where a region (a run of units with a small
+outer boundary) starts, two more kinds of option span the whole region: recompute it as one,
+with the numbers of the profile in which every region is recomputed whole, and, if the region is
 batch-separable, recompute it in ``k`` chunks. Chunk numbers are scaled from the whole-region
 ones: interiors shrink by ``k``, the boundary and its gradient do not; the plan's final
-measurement checks the result.
+measurement checks the result. Every option's seconds come from the step costs of
+:mod:`autockpt.planner.timing`: estimated until the solver is about to choose the option, then
+timed on the real model where it can be (NOTE [Timed options]).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch.fx as fx
@@ -22,7 +30,7 @@ from autockpt.planner.module_chain import ModuleChain
 from autockpt.planner.segmented import SegmentAction
 from autockpt.planner.separable import Separability
 from autockpt.planner.solve import Chain, Option, Solution
-from autockpt.planner.timing import TimeModel
+from autockpt.planner.timing import Cost, StepCosts
 from autockpt.planner.trace import Segment, TracedModel, segments_from_node_lists
 
 #: Chunk counts the planner may give a batch-separable region.
@@ -43,11 +51,14 @@ class Profiles:
             shows that plain recompute cannot fit (see :func:`recompute_lower_bound_bytes`):
             a segment then gets a plain recompute option only where it is a region of its own.
         regions: every region recomputed whole; ``None`` until region options are needed.
+        units: every unit recomputed whole (NOTE [Chain levels]); ``None`` where the units
+            are the segments, or until plain recompute is measured.
     """
 
     kept: StepProfile
     recomputed: StepProfile | None
     regions: StepProfile | None = None
+    units: StepProfile | None = None
 
 
 @dataclass(frozen=True)
@@ -66,26 +77,41 @@ class ChainBuilder:
     """Builds chains from profiles and decodes solutions (see the module docstring)."""
 
     def __init__(
-        self, traced: TracedModel | ModuleChain, time_model: TimeModel, batch_size: int
+        self, traced: TracedModel | ModuleChain, costs: StepCosts, batch_size: int
     ) -> None:
         self.traced = traced
-        self.time_model = time_model
+        self.costs = costs
         self.batch_size = batch_size
+        # What each estimated option's cost waits on, by (pieces, position, label, span).
+        self._timings: dict[tuple[int, int, str, int], Hashable] = {}
         self._region_at = {start: (i, end) for i, (start, end) in enumerate(traced.regions)}
+        # Units of several segments (NOTE [Chain levels]); a module chain has none.
+        units = traced.units if isinstance(traced, TracedModel) else ()
+        self._unit_at = {start: (i, end) for i, (start, end) in enumerate(units) if end - start > 1}
 
-    def recompute_s(self, profile: StepProfile, index: int) -> float:
-        """Estimated seconds of one forward of segment ``index`` (NOTE [Time model])."""
-        segment = profile.segments[index]
-        return self.time_model.seconds(
-            flops=segment.forward_flops,
-            moved_bytes=segment.forward_moved_bytes,
-            num_ops=segment.forward_num_ops,
-        )
+    def micro_batch_s(self, num_micro_batches: int) -> float:
+        """Seconds that splitting the step into ``num_micro_batches`` adds, as known now."""
+        return self.costs.micro_batch_s(num_micro_batches).seconds
 
-    def micro_batch_s(self, profile: StepProfile, num_micro_batches: int) -> float:
-        """Per-op overhead paid again by every extra micro-batch (forward and backward)."""
-        num_ops = sum(s.forward_num_ops for s in profile.segments)
-        return 3 * (num_micro_batches - 1) * num_ops * self.time_model.op_overhead_s
+    def time_choice(self, chain: Chain, solution: Solution, num_micro_batches: int) -> bool:
+        """Time the estimated costs ``solution`` rests on (NOTE [Timed options]).
+
+        Returns:
+            Whether anything was timed: the chains' costs changed and the solver must run again.
+        """
+        wanted = [self.costs.micro_batch_s(num_micro_batches).timing]
+        for position, index in enumerate(solution.choice):
+            if index >= 0:
+                option = chain.options[position][index]
+                key = (num_micro_batches, position, option.label, option.span)
+                wanted.append(self._timings.get(key))
+        return self.costs.take([timing for timing in wanted if timing is not None])
+
+    def _cost_s(self, cost: Cost, pieces: int, position: int, label: str, span: int = 1) -> float:
+        """``cost``'s seconds, remembering what timing would replace them (NOTE [Timed options])."""
+        if cost.timing is not None:
+            self._timings[(pieces, position, label, span)] = cost.timing
+        return cost.seconds
 
     def chain(
         self,
@@ -98,6 +124,7 @@ class ChainBuilder:
         k_terms = _terms(whole.kept)
         r_terms = _terms(whole.recomputed) if whole.recomputed is not None else None
         g_terms = _terms(whole.regions) if whole.regions is not None else None
+        u_terms = _terms(whole.units) if whole.units is not None else None
         if num_micro_batches > 1:
             assert half is not None
             half_share = piece_share(self.batch_size, 2)
@@ -107,21 +134,33 @@ class ChainBuilder:
                 r_terms = _extrapolate(r_terms, _terms(half.recomputed), half_share, share)
             if g_terms is not None and half.regions is not None:
                 g_terms = _extrapolate(g_terms, _terms(half.regions), half_share, share)
+            if u_terms is not None and half.units is not None:
+                u_terms = _extrapolate(u_terms, _terms(half.units), half_share, share)
         options = []
-        for index in range(len(self.traced.segments)):
-            cost_s = self.recompute_s(whole.kept, index)
+        for index, segment in enumerate(self.traced.segments):
+            cost = self.costs.recompute_s(
+                index,
+                index + 1,
+                pieces=num_micro_batches,
+                input_batch_dims=self._batch_dims(index, index + 1, separability),
+            )
+            cost_s = self._cost_s(cost, num_micro_batches, index, "recompute")
             segment_options = [_option("keep", k_terms, index, 0.0)]
-            if r_terms is not None:
+            # One with a keep reason is kept whatever the budget (NOTE [In-place writes]).
+            recomputable = not segment.keep_reason
+            if recomputable and r_terms is not None:
                 segment_options.append(_option("recompute", r_terms, index, cost_s))
-            elif g_terms is not None and (own := self._own_region(index)) is not None:
+            elif recomputable and g_terms and (own := self._own_region(index)) is not None:
                 # A region of one segment: the region profile recomputed it on its own.
                 segment_options.append(_option("recompute", g_terms, own, cost_s))
+            if u_terms is not None and index in self._unit_at:
+                segment_options += self._unit_options(index, u_terms, num_micro_batches)
             if g_terms is not None and index in self._region_at:
                 segment_options += self._region_options(
-                    index, g_terms, whole.kept, num_micro_batches, separability
+                    index, g_terms, num_micro_batches, separability
                 )
             options.append(tuple(segment_options))
-        loss = max(k_terms["loss"][0], *(t["loss"][0] for t in (r_terms, g_terms) if t))
+        loss = max(k_terms["loss"][0], *(t["loss"][0] for t in (r_terms, g_terms, u_terms) if t))
         return Chain(
             start_bytes=int(k_terms["start"][0]),
             options=tuple(options),
@@ -129,16 +168,41 @@ class ChainBuilder:
             fixed_peak_bytes=int(k_terms["optimizer"][0]),
         )
 
+    def _batch_dims(
+        self, first: int, end: int, separability: Separability | None
+    ) -> tuple[int | None, ...] | None:
+        """Where the inputs of region ``first..end-1`` carry the batch, if it is a region the
+        probe found batch-separable (its inputs can then be cut for timing)."""
+        region, region_end = self._region_at.get(first, (None, None))
+        if region is None or region_end != end or separability is None:
+            return None
+        return separability.input_batch_dims[region] if separability.chunkable[region] else None
+
     def _own_region(self, index: int) -> int | None:
         """The region index of segment ``index`` if that region holds it alone, else None."""
         region, end = self._region_at.get(index, (None, None))
         return region if end == index + 1 else None
+
+    def _unit_options(
+        self, index: int, terms: dict[str, list[float]], num_micro_batches: int
+    ) -> list[Option]:
+        """Recompute the unit of several segments that starts at ``index`` as one."""
+        unit, end = self._unit_at[index]
+        assert isinstance(self.traced, TracedModel), "only fx chains have units"
+        if self.traced.unit_segments[unit].keep_reason:
+            return []
+        cost = self.costs.recompute_s(index, end, pieces=num_micro_batches)
+        cost_s = self._cost_s(cost, num_micro_batches, index, "recompute", end - index)
+        return [_option("recompute", terms, unit, cost_s, span=end - index)]
 
     def boundary_bytes(self, whole: Profiles, first: int, end: int) -> int:
         """Bytes chain positions ``first..end-1`` keep alive when recomputed as one unit."""
         region, region_end = self._region_at.get(first, (None, None))
         if whole.regions is not None and region is not None and region_end == end:
             return max(kept_increments(whole.regions)[region], 0)
+        unit, unit_end = self._unit_at.get(first, (None, None))
+        if whole.units is not None and unit is not None and unit_end == end:
+            return max(kept_increments(whole.units)[unit], 0)
         if whole.recomputed is not None:
             return max(kept_increments(whole.recomputed)[end - 1], 0)
         # Never measured recomputed: its inputs and outputs are what it would keep.
@@ -149,13 +213,16 @@ class ChainBuilder:
         self,
         index: int,
         terms: dict[str, list[float]],
-        kept: StepProfile,
         num_micro_batches: int,
         separability: Separability | None,
     ) -> list[Option]:
         region, end = self._region_at[index]
+        if self.traced.region_segments[region].keep_reason:
+            return []
         span = end - index
-        cost_s = sum(self.recompute_s(kept, i) for i in range(index, end))
+        dims = self._batch_dims(index, end, separability)
+        cost = self.costs.recompute_s(index, end, pieces=num_micro_batches, input_batch_dims=dims)
+        cost_s = self._cost_s(cost, num_micro_batches, index, "recompute region", span)
         whole = _option("recompute region", terms, region, cost_s, span=span)
         options = [whole] if span > 1 else []
         if separability is None or not separability.chunkable[region]:
@@ -163,7 +230,6 @@ class ChainBuilder:
         # Every piece of the batch must split into whole samples.
         piece_sizes = {len(p) for p in _pieces(self.batch_size, max(num_micro_batches, 1))}
         boundary = terms["io"][region]
-        num_ops = sum(kept.segments[i].forward_num_ops for i in range(index, end))
         for chunks in CHUNK_CHOICES:
             if chunks > min(piece_sizes):
                 break
@@ -173,14 +239,17 @@ class ChainBuilder:
             # Interiors shrink with the chunk; the boundary and its gradients do not.
             forward = boundary + max(whole.forward_bytes - boundary, 0) / chunks
             backward = 2 * boundary + max(whole.backward_bytes - 2 * boundary, 0) / chunks
-            overhead = 2 * (chunks - 1) * num_ops * self.time_model.op_overhead_s
+            label = f"recompute region in {chunks} chunks"
+            cost = self.costs.recompute_s(
+                index, end, chunks=chunks, pieces=num_micro_batches, input_batch_dims=dims
+            )
             options.append(
                 Option(
-                    label=f"recompute region in {chunks} chunks",
+                    label=label,
                     kept_bytes=whole.kept_bytes,
                     forward_bytes=int(forward),
                     backward_bytes=int(backward),
-                    extra_s=whole.extra_s + overhead,
+                    extra_s=self._cost_s(cost, num_micro_batches, index, label, span),
                     span=span,
                 )
             )
@@ -236,6 +305,14 @@ def kept_increments(profile: StepProfile) -> list[int]:
     """Bytes each segment of a profile leaves alive for later ones (``kept_bytes``)."""
     starts = [profile.start_bytes, *(s.end_bytes for s in profile.segments[:-1])]
     return [s.end_bytes - start for s, start in zip(profile.segments, starts, strict=True)]
+
+
+def unit_segments(traced: TracedModel | ModuleChain) -> tuple[Segment, ...] | None:
+    """The units as segments where some unit spans several segments (NOTE [Chain levels]),
+    else ``None``: the units are the segments, and need no profile of their own."""
+    if isinstance(traced, TracedModel) and len(traced.unit_segments) < len(traced.segments):
+        return traced.unit_segments
+    return None
 
 
 def recompute_lower_bound_bytes(kept: StepProfile) -> int:

@@ -16,17 +16,21 @@ import torch
 
 
 @contextlib.contextmanager
-def one_cpu_thread() -> Iterator[None]:
+def one_cpu_thread() -> Iterator[int]:
     """Run torch's CPU ops on one thread inside, as many as before afterwards.
 
     With two OpenMP threads every small real op pays the pool's wake-up and spin-waiting: a
     ``tft-225`` plan took 2.6-3.1 s on two threads of a two-core machine and 1.8-2.1 s on
     one, and a probe was ten times slower whenever another process shared the cores.
+
+    Yields:
+        The thread count outside, which training will run with (the planner times the real
+        model with it: NOTE [Measured step time]).
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        yield
+        yield threads
     finally:
         torch.set_num_threads(threads)
 

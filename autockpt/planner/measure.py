@@ -29,11 +29,13 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._pytree import tree_map_only
 from torch.utils.flop_counter import flop_registry
 
+from autockpt.planner.batch_split import batch_size_of, split_batch
 from autockpt.planner.memory import MemoryTracker, RealSizeOracle, flat_tensors, tensors_of
 from autockpt.planner.module_chain import ModuleChain, build_module_planned
+from autockpt.planner.outputs import output_tensors
 from autockpt.planner.segmented import (
     SegmentAction,
     adopt_state_of,
@@ -100,8 +102,8 @@ class StepProfile:
 
 
 def default_loss(output: Any) -> torch.Tensor:
-    """Sum of every floating-point tensor in the model's output."""
-    tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+    """Sum of every floating-point tensor in the model's output (dataclasses included)."""
+    tensors = output_tensors(output)
     floating = [t.float().sum() for t in tensors if t.is_floating_point()]
     if not floating:
         raise ValueError("the model's output holds no floating-point tensor to take a loss of")
@@ -396,8 +398,8 @@ def profile_step(
             input_bytes=tracker.current_bytes - state.parameter_bytes - state.optimizer_state_bytes,
         )
         with tracker:
-            piece = _first_micro_batch(inputs, num_micro_batches)
-            target_piece = _first_micro_batch(targets, num_micro_batches)
+            piece = _first_micro_batch(inputs, num_micro_batches, inputs)
+            target_piece = _first_micro_batch(targets, num_micro_batches, inputs)
             if num_micro_batches > 1:
                 # The steady state of accumulation: an earlier piece left every gradient live.
                 for parameter in state.parameters:
@@ -446,10 +448,6 @@ def _inside(mode: FakeTensorMode | None) -> contextlib.AbstractContextManager[An
     return contextlib.nullcontext() if mode is None else mode
 
 
-def _first_micro_batch(inputs: Sequence[Any], num_micro_batches: int) -> list[Any]:
-    if num_micro_batches <= 1:
-        return list(inputs)
-    return [
-        torch.tensor_split(x, num_micro_batches, dim=0)[0] if isinstance(x, torch.Tensor) else x
-        for x in inputs
-    ]
+def _first_micro_batch(values: Sequence[Any], pieces: int, inputs: Sequence[Any]) -> list[Any]:
+    # As training_step cuts the batch of ``inputs``: nests too.
+    return split_batch(values, pieces, batch_size=batch_size_of(inputs))[0]

@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
+
+from autockpt.planner.op_mode import OpMode
 
 OpObserver = Callable[[Any, tuple[Any, ...], dict[str, Any], Any], None]
 
@@ -122,7 +123,7 @@ def _signature(values: tuple[Any, ...]) -> tuple[Any, ...]:
     )
 
 
-class MemoryTracker(TorchDispatchMode):
+class MemoryTracker(OpMode):
     """Counts the bytes of live tensor storages while active (a context manager).
 
     Args:
@@ -179,14 +180,7 @@ class MemoryTracker(TorchDispatchMode):
         if self._live.pop(key, None) is not None:
             self.current_bytes -= size
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
+    def on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = func(*args, **kwargs)
         if func in _METADATA_OPS:
             return out  # allocates nothing; the most frequent call under fake tensors

@@ -38,15 +38,21 @@ run on fake tensors; then the model is measured on a real deep copy at the examp
 (same accounting, but a real step's memory and time, on the device of the model: the unplanned
 step must fit there once).
 
-Not supported here: running a segment in chunks or the step in micro-batches (the batch
-layout of a module's arguments is unknown), so the plan uses plain recompute only.
+*Splitting the batch.* Micro-batches cut the model's inputs, not a module's arguments: every
+tensor whose dim 0 is the batch, inside tuples, lists and dicts too
+(:mod:`autockpt.planner.batch_split`). The plan uses them when the separability probe finds
+the whole step separable on a copy of the model (NOTE [Batch separability]), a model that
+computes its own mean loss included. Not supported here: running a segment in chunks (the
+batch layout of a module's arguments is unknown).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import warnings
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -58,7 +64,9 @@ from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from autockpt.errors import PlanMismatchError, TraceError
 from autockpt.planner.fake import fake_copy
-from autockpt.planner.memory import MemoryTracker
+from autockpt.planner.inplace import WriteRecorder
+from autockpt.planner.memory import MemoryTracker, flat_tensors
+from autockpt.planner.opaque import weigh_opaque
 from autockpt.planner.segmented import SegmentAction, SegmentObserver, SegmentRunner
 from autockpt.planner.trace import Segment, TracedModel, trace_model
 
@@ -97,7 +105,9 @@ def trace_or_find_modules(
 ) -> TracedModel | ModuleChain:
     """The fx chain of :func:`~autockpt.planner.trace.trace_model`, or the module chain when fx fails.
 
-    Falling back warns (the message is also ``ModuleChain.note``).
+    Falling back warns (the message is also ``ModuleChain.note``), and so does keeping a
+    submodule fx cannot trace whole (the message is also in ``TracedModel.notes``); a large one
+    sends the model to the module chain (NOTE [Opaque submodules]).
 
     Args:
         model: the model to plan.
@@ -113,7 +123,13 @@ def trace_or_find_modules(
     name = type(model).__name__
     if all(isinstance(x, torch.Tensor) or not _is_nest(x) for x in example_inputs):
         try:
-            return trace_model(model, example_inputs)
+            traced = trace_model(model, example_inputs)
+            if not traced.opaque:
+                return traced
+            descend, why = weigh_opaque(model, example_inputs, traced)
+            if not descend:  # NOTE [Opaque submodules]
+                warnings.warn(why, stacklevel=4)
+                return dataclasses.replace(traced, notes=(*traced.notes, why))
         except TraceError as error:
             why = f"torch.fx cannot trace {name} ({_one_line(error.__cause__ or error)})"
     else:
@@ -164,10 +180,12 @@ def find_module_chain(
             f"{why}, and no submodule runs once per forward to be recomputed on its own; "
             "make the forward traceable by torch.fx or move its work into submodules"
         )
-    segments = module_segments([calls[i].path for i in links])
+    segments = module_segments(
+        [calls[i].path for i in links], keep_reasons=[calls[i].keep_reason for i in links]
+    )
     note = (
         f"{why}; planning {len(segments)} module-level segments found with forward hooks, "
-        f"plain recompute only (no chunks or micro-batches){measured_on}"
+        f"recompute and micro-batches only (no chunks){measured_on}"
     )
     return ModuleChain(
         segments=segments,
@@ -179,8 +197,11 @@ def find_module_chain(
     )
 
 
-def module_segments(paths: Sequence[str]) -> tuple[Segment, ...]:
-    """One segment per module path, in order (no fx nodes)."""
+def module_segments(
+    paths: Sequence[str], *, keep_reasons: Sequence[str] = ()
+) -> tuple[Segment, ...]:
+    """One segment per module path, in order (no fx nodes), with its ``keep_reason`` if given."""
+    reasons = list(keep_reasons) or [""] * len(paths)
     return tuple(
         Segment(
             index=index,
@@ -189,8 +210,9 @@ def module_segments(paths: Sequence[str]) -> tuple[Segment, ...]:
             module_paths=(path,),
             input_names=(),
             output_names=(),
+            keep_reason=reason,
         )
-        for index, path in enumerate(paths)
+        for index, (path, reason) in enumerate(zip(paths, reasons, strict=True))
     )
 
 
@@ -204,6 +226,8 @@ class _Call:
         start_bytes / end_bytes: live bytes when it started and when it returned.
         children: indices of the calls that ran directly inside it, in order.
         is_link: whether it may be a link (NOTE [Module chain]).
+        inputs: weak references to the storages of its tensor arguments.
+        keep_reason: why it must not be recomputed (NOTE [In-place writes]), or "".
     """
 
     path: str
@@ -212,6 +236,8 @@ class _Call:
     end_bytes: int = 0
     children: list[int] = field(default_factory=list)
     is_link: bool = True
+    inputs: list[weakref.ref[torch.UntypedStorage]] = field(default_factory=list)
+    keep_reason: str = ""
 
     @property
     def held_bytes(self) -> int:
@@ -227,15 +253,25 @@ class _CallRecorder:
         self.calls: list[_Call] = []
         self.stack: list[int] = []
 
-    def started(self, path: str) -> None:
+    def started(self, path: str, arguments: Any) -> None:
         parent = self.stack[-1] if self.stack else None
-        self.calls.append(_Call(path, parent, self.tracker.current_bytes))
+        call = _Call(path, parent, self.tracker.current_bytes)
+        # Weak: holding them would keep them alive, and change the bytes each call holds.
+        call.inputs = [weakref.ref(t.untyped_storage()) for t in flat_tensors(arguments)]
+        self.calls.append(call)
         if parent is not None:
             self.calls[parent].children.append(len(self.calls) - 1)
         self.stack.append(len(self.calls) - 1)
 
     def finished(self) -> None:
         self.calls[self.stack.pop()].end_bytes = self.tracker.current_bytes
+
+    def written(self, op: str, storage: torch.UntypedStorage) -> None:
+        """An op wrote ``storage`` in place: every call begun so far that reads it is kept, as
+        backward could not recompute it (NOTE [In-place writes])."""
+        for call in self.calls:
+            if not call.keep_reason and any(ref() is storage for ref in call.inputs):
+                call.keep_reason = f"{op} writes in place to an input of {call.path or 'it'}"
 
 
 def _record_calls(
@@ -245,9 +281,15 @@ def _record_calls(
     ``None``, on the real inputs."""
     tracker = MemoryTracker()
     recorder = _CallRecorder(tracker)
+    writes = WriteRecorder(recorder.written)
     handles = []
     for path, module in model.named_modules():
-        handles.append(module.register_forward_pre_hook(lambda *_, p=path: recorder.started(p)))
+        handles.append(
+            module.register_forward_pre_hook(
+                lambda _, args, kwargs, p=path: recorder.started(p, (args, kwargs)),
+                with_kwargs=True,
+            )
+        )
         handles.append(module.register_forward_hook(lambda *_: recorder.finished()))
     try:
         with mode if mode is not None else contextlib.nullcontext(), warnings.catch_warnings():
@@ -255,7 +297,7 @@ def _record_calls(
             inputs = list(example_inputs)
             if mode is not None:
                 inputs = tree_map_only(torch.Tensor, mode.from_tensor, inputs)
-            with tracker:
+            with tracker, writes:
                 model(*inputs)
     finally:
         for handle in handles:

@@ -8,6 +8,7 @@ It reads the budget, plans the step of one process (:mod:`autockpt.planner.plann
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 from autockpt.errors import InfeasibleBudgetError
 from autockpt.planner.host import cyclic_gc_paused, one_cpu_thread
 from autockpt.planner.measure import LossFn, OptimizerSpec
+from autockpt.planner.modes import training_mode
 from autockpt.planner.plan_model import Plan
 from autockpt.planner.planning import device_reserve, plan_one_process
 from autockpt.planner.sharding import (
@@ -128,9 +130,22 @@ def plan(
         verify = resolved_device.type == "cuda" and parallelism == "single"
     target = read
     notes: list[str] = []
+    if not model.training:
+        warnings.warn(
+            f"{type(model).__name__} is in eval mode; autockpt.plan measures its training step "
+            "as it trains (after model.train()) and leaves it in eval mode "
+            "(NOTE [Modes and the traced graph])",
+            stacklevel=2,
+        )
     for _ in range(MAX_VERIFY_ROUNDS):
         # Calibration and probes draw random numbers; the caller's RNG stream must not move.
-        with torch.random.fork_rng(devices=rng_devices), cyclic_gc_paused(), one_cpu_thread():
+        # The step is measured as it trains, whatever mode the model is in.
+        with (
+            torch.random.fork_rng(devices=rng_devices),
+            cyclic_gc_paused(),
+            one_cpu_thread() as cpu_threads,
+            training_mode(model),
+        ):
             result = _per_rank(
                 _plan_shifted(
                     model,
@@ -144,6 +159,7 @@ def plan(
                     allow_micro_batches=allow_micro_batches,
                     allow_chunks=allow_chunks,
                     autocast_dtype=autocast_dtype,
+                    cpu_threads=cpu_threads,
                     share=share,
                 ),
                 share,

@@ -36,7 +36,9 @@ class SegmentPlan(BaseModel):
     boundary_bytes: int
     """Bytes it keeps alive when recomputed: its inputs and outputs."""
     recompute_s: float
-    """Estimated seconds of one recompute of its forward."""
+    """Seconds recomputing it adds to a step (in its chunks, if any), timed on the real model
+    where the planner could (NOTE [Timed options]); negative when that was measured faster
+    than keeping it. For a kept segment, what a plain recompute would add."""
     recomputed: bool
     """Whether its interior is dropped after forward and rebuilt in backward."""
     num_chunks: int = 1
@@ -99,9 +101,10 @@ class Plan(BaseModel):
     Chunks and micro-batches are only examined when plain recompute cannot fit, so above that
     this is the minimum of plain recompute; an infeasible budget examines everything."""
     predicted_extra_s: float
-    """Estimated seconds the plan adds to a step."""
+    """Seconds the plan adds to a step (negative: it saves time); see ``notes`` for whether
+    they were timed on the real model or estimated (NOTE [Time model])."""
     unplanned_step_s: float
-    """Estimated seconds of a plain step (forward + backward)."""
+    """Seconds of a plain step: forward, backward and, where timed, the optimizer step."""
     fits: bool
     planning_s: float
     notes: list[str] = []

@@ -7,10 +7,13 @@ NOTE [Planning]
 2. Measure a step on fake tensors with every segment kept (:mod:`autockpt.planner.measure`). If it
    fits, that is the plan.
 3. Widen the options in stages, each measured only when the ones before cannot fit, and after
-   each solve every chain exactly (:mod:`autockpt.planner.solve`) and keep the cheapest that fits:
+   each solve every chain exactly (:mod:`autockpt.planner.solve`) and keep the cheapest that fits
+   (the fastest: on the CPU the options the solver is about to choose are timed on the real
+   model first, NOTE [Timed options] in :mod:`autockpt.planner.timing`):
    a. plain recompute, segment by segment: a step with every segment recomputed gives each
       segment's second option (NOTE [Chain memory model]). Skipped when the kept step
-      already shows no such plan can fit (:func:`~autockpt.planner.chain.recompute_lower_bound_bytes`);
+      already shows no such plan can fit (:func:`~autockpt.planner.chain.recompute_lower_bound_bytes`),
+      until nothing fits: the refusal's minimum counts it too;
    b. regions recomputed whole, and, where :mod:`autockpt.planner.separable` finds a region
       batch-separable, in chunks (scaled from the whole-region numbers);
    c. if the whole step is batch-separable, micro-batches: the step measured again at half the
@@ -32,15 +35,18 @@ import dataclasses
 import time
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
+from autockpt.planner.batch_split import batch_size_of, split_batch
 from autockpt.planner.chain import (
     ChainBuilder,
     Decision,
     Profiles,
     kept_increments,
     recompute_lower_bound_bytes,
+    unit_segments,
 )
 from autockpt.planner.measure import (
     FakeTrainingState,
@@ -49,15 +55,22 @@ from autockpt.planner.measure import (
     StepProfile,
     profile_step,
 )
-from autockpt.planner.memory import RealSizeOracle, flat_tensors
+from autockpt.planner.memory import RealSizeOracle
 from autockpt.planner.module_chain import ModuleChain, trace_or_find_modules
 from autockpt.planner.plan_model import PeakBreakdown, Plan, SegmentPlan, Strategy
 from autockpt.planner.search import BudgetSearch
 from autockpt.planner.segmented import KEEP, SegmentAction
 from autockpt.planner.separable import Separability, analyse_separability
 from autockpt.planner.solve import minimum_peak
-from autockpt.planner.timing import calibrate
-from autockpt.planner.trace import Segment
+from autockpt.planner.stopwatch import Stopwatch, can_time
+from autockpt.planner.timing import (
+    EstimatedCosts,
+    MeasuredCosts,
+    StepCosts,
+    calibrate,
+    timed_s,
+)
+from autockpt.planner.trace import Segment, TracedModel
 from autockpt.planner.units import Budget, format_bytes
 
 #: What the CUDA context takes before any tensor (measured when a GPU is present).
@@ -80,12 +93,12 @@ def plan_one_process(
     allow_micro_batches: bool,
     allow_chunks: bool,
     autocast_dtype: torch.dtype | None,
+    cpu_threads: int = 1,
 ) -> Plan:
     started = time.perf_counter()
     batch_size = _batch_size(example_inputs)
     traced = trace_or_find_modules(model, example_inputs)  # warns when it falls back
     oracle = RealSizeOracle()
-    builder = ChainBuilder(traced, calibrate(device.type, device.index), batch_size)
     context_bytes, headroom_fraction = device_reserve(device)
     # Tensors may take what is left after the context, less the allocator's share of it.
     usable_bytes = int((budget.bytes - context_bytes) / (1.0 + headroom_fraction))
@@ -105,16 +118,34 @@ def plan_one_process(
         size_oracle=oracle,
         autocast_dtype=autocast_dtype,
     )
+    # NOTE [Time model]: estimated, or timed on the real model where that is cheap.
+    estimated = EstimatedCosts(calibrate(device.type, device.index), kept)
+    costs: StepCosts = estimated
+    if isinstance(traced, TracedModel) and can_time(device, kept.peak_bytes):
+        stopwatch = Stopwatch(
+            traced,
+            example_inputs,
+            loss_fn=loss_fn,
+            example_targets=example_targets,
+            optimizer=optimizer,
+            autocast_dtype=autocast_dtype,
+            threads=cpu_threads,
+        )
+        costs = MeasuredCosts(stopwatch, traced.regions, batch_size, fallback=estimated)
+    builder = ChainBuilder(traced, costs, batch_size)
 
     def measure(
-        segments: Sequence[Segment], actions: Sequence[SegmentAction], num_micro_batches: int = 1
+        segments: Sequence[Segment],
+        actions: Sequence[SegmentAction],
+        num_micro_batches: int = 1,
+        batch: tuple[Sequence[Any], Sequence[Any]] = (example_inputs, example_targets),
     ) -> StepProfile:
         profile = profile_step(
             fake_state,
-            example_inputs,
+            batch[0],
             actions,
             loss_fn=loss_fn,
-            example_targets=example_targets,
+            example_targets=batch[1],
             num_micro_batches=num_micro_batches,
             size_oracle=oracle,
             run_optimizer=False,
@@ -128,17 +159,27 @@ def plan_one_process(
         return profile
 
     def all_recomputed(segments: Sequence[Segment], num_micro_batches: int = 1) -> StepProfile:
-        return measure(segments, [SegmentAction(recompute=True)] * len(segments), num_micro_batches)
+        # All but those kept by in-place writes (NOTE [In-place writes]).
+        actions = [SegmentAction(recompute=not s.keep_reason) for s in segments]
+        return measure(segments, actions, num_micro_batches)
 
-    notes: list[str] = [traced.note] if isinstance(traced, ModuleChain) else []
+    notes: list[str] = [traced.note] if isinstance(traced, ModuleChain) else list(traced.notes)
     if use_gradient_checkpointing is not None:
         strategy: Strategy = "checkpoint-all" if use_gradient_checkpointing else "checkpoint-none"
         recomputed = all_recomputed(traced.segments)
         whole = Profiles(kept, recomputed)
         decision = Decision(
             list(traced.segments),
-            [SegmentAction(recompute=use_gradient_checkpointing)] * len(traced.segments),
-            ["forced by use_gradient_checkpointing"] * len(traced.segments),
+            [
+                SegmentAction(recompute=use_gradient_checkpointing and not s.keep_reason)
+                for s in traced.segments
+            ],
+            [
+                f"kept: {s.keep_reason}"
+                if use_gradient_checkpointing and s.keep_reason
+                else "forced by use_gradient_checkpointing"
+                for s in traced.segments
+            ],
             1,
             [(i, i + 1) for i in range(len(traced.segments))],
         )
@@ -163,10 +204,34 @@ def plan_one_process(
 
         search = BudgetSearch(builder, Profiles(kept, None), batch_size, measure_decision)
 
-        def plain_recompute() -> bool:
-            if usable_bytes < recompute_lower_bound_bytes(kept):
+        def measure_half(decision: Decision) -> StepProfile | None:
+            """``decision`` measured at half the batch, for the refusal (NOTE [Refusal])."""
+            half = batch_size // 2
+            halves = [
+                split_batch(b, 2, batch_size=batch_size)[0]
+                for b in (example_inputs, example_targets)
+            ]
+            actions = [
+                dataclasses.replace(a, num_chunks=min(a.num_chunks, half)) for a in decision.actions
+            ]
+            try:
+                count = min(decision.num_micro_batches, half)
+                return measure(decision.segments, actions, count, (halves[0], halves[1]))
+            except Exception:  # the model refuses a smaller batch: the refusal estimates
+                return None
+
+        search.measure_half = measure_half if batch_size >= 2 else None
+
+        units = unit_segments(traced)  # NOTE [Chain levels]
+
+        def plain_recompute(*, even_if_hopeless: bool = False) -> bool:
+            if usable_bytes < recompute_lower_bound_bytes(kept) and not even_if_hopeless:
                 return False  # no plan of plain recomputes can fit: do not measure one
-            search.whole = Profiles(kept, all_recomputed(traced.segments))
+            search.whole = dataclasses.replace(
+                search.whole,
+                recomputed=all_recomputed(traced.segments),
+                units=None if units is None else all_recomputed(units),
+            )
             return True
 
         def regions_and_chunks() -> bool:
@@ -174,7 +239,14 @@ def plan_one_process(
             # probe of the real model: examined only once plain recompute cannot fit.
             separability = Separability.nothing(len(regions), "not allowed by the caller")
             if allow_chunks or allow_micro_batches:
-                separability = analyse_separability(traced, example_inputs, regions)
+                separability = analyse_separability(
+                    traced,
+                    example_inputs,
+                    regions,
+                    model=model,
+                    loss_fn=loss_fn,
+                    example_targets=example_targets,
+                )
             if not allow_chunks:
                 separability = dataclasses.replace(separability, chunkable=(False,) * len(regions))
             if allow_micro_batches and not separability.micro_batchable:
@@ -193,6 +265,7 @@ def plan_one_process(
                 measure(traced.segments, [KEEP] * len(traced.segments), 2),
                 None if search.whole.recomputed is None else all_recomputed(traced.segments, 2),
                 all_recomputed(regions, 2),
+                None if units is None or search.whole.units is None else all_recomputed(units, 2),
             )
             return True
 
@@ -202,16 +275,30 @@ def plan_one_process(
                 break
         if found is None:
             found = search.lowest_peak_fit(usable_bytes, notes)
+        if found is None and search.whole.recomputed is None:
+            # Skipped above as unable to fit; the refusal's minimum must count it too.
+            plain_recompute(even_if_hopeless=True)
+            found = search.lowest_peak_fit(usable_bytes, notes)
         if found is None:
             raise search.infeasible(budget, outside)
         decision, final = found
+        reduction = search.separability.loss_reduction if search.separability else None
+        if decision.num_micro_batches > 1 and reduction:
+            notes.append(
+                f"micro-batches: the loss is the {reduction} of the samples' losses; run steps "
+                f'with training_step(..., loss_reduction="{reduction}")'
+            )
         whole = search.whole
         minimum = search.minimum_peak_bytes()
 
+    if decision.num_micro_batches == 1 and not any(a.recompute for a in decision.actions):
+        builder.costs = estimated  # nothing to time: the plain step is the plan
     segment_plans = _segment_plans(builder, whole, decision)
-    unplanned_step_s = 3 * sum(builder.recompute_s(kept, i) for i in range(len(traced.segments)))
+    unplanned_step_s = builder.costs.unplanned_step_s()
     extra_s = sum(p.recompute_s for p in segment_plans if p.recomputed)
-    extra_s += builder.micro_batch_s(kept, decision.num_micro_batches)
+    extra_s += builder.micro_batch_s(decision.num_micro_batches)
+    if builder.costs.source:
+        notes.append(f"step times {builder.costs.source}")
     return Plan(
         budget_bytes=budget.bytes,
         budget_text=budget.text,
@@ -252,7 +339,7 @@ def _segment_plans(builder: ChainBuilder, whole: Profiles, decision: Decision) -
                 outputs=list(segment.output_names),
                 saved_bytes=max(sum(kept_terms[first:end]), 0),
                 boundary_bytes=builder.boundary_bytes(whole, first, end),
-                recompute_s=sum(builder.recompute_s(whole.kept, i) for i in range(first, end)),
+                recompute_s=_recompute_s(builder.costs, first, end, action, decision),
                 recomputed=action.recompute,
                 num_chunks=action.num_chunks,
                 input_batch_dims=list(action.input_batch_dims),
@@ -261,6 +348,24 @@ def _segment_plans(builder: ChainBuilder, whole: Profiles, decision: Decision) -
             )
         )
     return plans
+
+
+def _recompute_s(
+    costs: StepCosts, first: int, end: int, action: SegmentAction, decision: Decision
+) -> float:
+    """What the run's action adds to a step, timed where it can be; for a kept run, what a
+    plain recompute of it would add (NOTE [Timed options])."""
+    if not action.recompute:
+        return costs.recompute_s(first, end).seconds
+    chunked = action.num_chunks > 1
+    return timed_s(
+        costs,
+        first,
+        end,
+        chunks=action.num_chunks,
+        pieces=decision.num_micro_batches,
+        input_batch_dims=action.input_batch_dims if chunked else None,
+    )
 
 
 def _breakdown(profile: StepProfile, context_bytes: int, headroom_bytes: int) -> PeakBreakdown:
@@ -286,8 +391,8 @@ def _breakdown(profile: StepProfile, context_bytes: int, headroom_bytes: int) ->
 
 
 def _batch_size(inputs: Sequence[torch.Tensor]) -> int:
-    sizes = [x.shape[0] for x in flat_tensors(list(inputs)) if x.dim() > 0]  # dicts too
-    return max(sizes) if sizes else 1
+    # As micro-batches cut it (autockpt.planner.batch_split): dicts too.
+    return batch_size_of(inputs) or 1
 
 
 def device_reserve(device: torch.device) -> tuple[int, float]:

@@ -3,24 +3,29 @@
 :class:`BudgetSearch` holds the profiles measured so far (NOTE [Planning] in
 :mod:`autockpt.planner.planning`), solves each chain exactly (:mod:`autockpt.planner.solve`),
 measures the cheapest decision on fake tensors and re-solves when the chain model was optimistic.
-When nothing fits it builds the :class:`~autockpt.errors.InfeasibleBudgetError`.
+When nothing fits it builds the :class:`~autockpt.errors.InfeasibleBudgetError`
+(NOTE [Refusal] in :mod:`autockpt.planner.refusal`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 from autockpt.errors import InfeasibleBudgetError
 from autockpt.planner.chain import ChainBuilder, Decision, Profiles, micro_batch_counts
 from autockpt.planner.measure import StepProfile
+from autockpt.planner.refusal import infeasible_error
 from autockpt.planner.separable import Separability
 from autockpt.planner.solve import Chain, Solution, minimum_peak, solve
-from autockpt.planner.units import Budget, format_bytes
+from autockpt.planner.units import Budget
 
 #: Rounds of re-solving when the measured plan exceeds the budget (NOTE [Planning], step 4).
 MAX_REPLANS = 4
+#: Most rounds of "solve, time what the choice rests on, solve again" (NOTE [Timed options]):
+#: each round times something new and there is only so much to time, but a bound keeps a
+#: cost source that keeps reporting new timings from looping.
+MAX_TIMING_ROUNDS = 16
 
 
 class BudgetSearch:
@@ -41,6 +46,10 @@ class BudgetSearch:
         self._measure = measure
         self._measured: dict[tuple[Any, ...], StepProfile] = {}
         self.lowest_measured_bytes: int | None = None
+        self.lowest_measured: tuple[Decision, StepProfile] | None = None
+        #: Measures a decision at half the batch, for the refusal's per-sample part
+        #: (NOTE [Refusal]); None when the caller gives no way to.
+        self.measure_half: Callable[[Decision], StepProfile | None] | None = None
 
     def measure(self, decision: Decision) -> StepProfile:
         """The decision's step measured on fake tensors (once per distinct decision)."""
@@ -57,19 +66,24 @@ class BudgetSearch:
         ]
 
     def cheapest(self, budget_bytes: int) -> Decision | None:
-        """The least extra time over micro-batch counts, or None when nothing fits."""
-        best: tuple[float, int, Chain, Solution] | None = None
-        for count, chain in self.chains():
-            solution = solve(chain, budget_bytes)
-            if solution is None:
-                continue
-            total = solution.extra_s + self.builder.micro_batch_s(self.whole.kept, count)
-            if best is None or total < best[0]:
-                best = (total, count, chain, solution)
-        if best is None:
-            return None
-        _, count, chain, solution = best
-        return self.builder.decode(chain, solution, self.separability, count)
+        """The least extra time over micro-batch counts, or None when nothing fits. The costs
+        the choice rests on are timed first, and the choice made again (NOTE [Timed options])."""
+        for timing_round in range(MAX_TIMING_ROUNDS):
+            best: tuple[float, int, Chain, Solution] | None = None
+            for count, chain in self.chains():
+                solution = solve(chain, budget_bytes)
+                if solution is None:
+                    continue
+                total = solution.extra_s + self.builder.micro_batch_s(count)
+                if best is None or total < best[0]:
+                    best = (total, count, chain, solution)
+            if best is None:
+                return None
+            _, count, chain, solution = best
+            last_round = timing_round == MAX_TIMING_ROUNDS - 1
+            if last_round or not self.builder.time_choice(chain, solution, count):
+                return self.builder.decode(chain, solution, self.separability, count)
+        raise AssertionError("unreachable: the last round returns")
 
     def fit(self, usable_bytes: int, notes: list[str]) -> tuple[Decision, StepProfile] | None:
         """The cheapest decision whose measured step fits, with that measurement
@@ -106,6 +120,7 @@ class BudgetSearch:
                 or candidate.peak_bytes < self.lowest_measured_bytes
             ):
                 self.lowest_measured_bytes = candidate.peak_bytes
+                self.lowest_measured = (lowest, candidate)
             if candidate.peak_bytes <= usable_bytes:
                 notes.append("took the lowest-peak plan: the cheaper ones measured over")
                 return lowest, candidate
@@ -121,30 +136,27 @@ class BudgetSearch:
         return min(minimum_peak(chain).peak_bytes for _, chain in self.chains())
 
     def infeasible(self, budget: Budget, outside: Callable[[int], int]) -> InfeasibleBudgetError:
-        """The error for a budget below every plan, with the minimum and the lever (after
-        :meth:`lowest_peak_fit` found nothing, so the minimum is a measured one)."""
+        """The error for a budget below every plan, with the minimum, what bounds it and the
+        levers that work (after :meth:`lowest_peak_fit` found nothing, so the minimum is a
+        measured one; NOTE [Refusal])."""
         lowest = self.lowest_measured_bytes
         minimum = outside(lowest if lowest is not None else self.minimum_peak_bytes())
         # Rounded up to whole KiB: a real step can hold a few bytes of scalars more than the
         # measured one (4 to 8 bytes seen with micro-batches), which must not tip it over.
         minimum = -(-minimum // 1024) * 1024
         kept = self.whole.kept
-        # Parameters, their gradients and the optimizer state do not shrink with the batch.
-        fixed = outside(2 * kept.parameter_bytes + kept.optimizer_state_bytes)
-        per_sample = max(minimum - fixed, 1) / max(self.batch_size, 1)
-        fitting_batch = math.floor((budget.bytes - fixed) / per_sample)
-        if fixed >= budget.bytes:
-            lever = (
-                f"parameters, gradients and optimizer state alone take {format_bytes(fixed)}; "
-                "raise the budget or use a smaller model"
-            )
-        elif 1 <= fitting_batch < self.batch_size:
-            lever = f"lower the batch size to about {fitting_batch} or raise the budget"
-        else:
-            lever = f"raise the budget to at least {format_bytes(minimum * 1.05)}"
-        return InfeasibleBudgetError(
-            f"budget {budget.text} ({format_bytes(budget.bytes)}) is below the minimum "
-            f"{format_bytes(minimum)} for batch {self.batch_size}; {lever}",
-            budget_bytes=budget.bytes,
+        half = None
+        if self.lowest_measured is not None and self.measure_half is not None:
+            measured = self.measure_half(self.lowest_measured[0])
+            half = outside(measured.peak_bytes) if measured is not None else None
+        return infeasible_error(
+            budget=budget,
             minimum_bytes=minimum,
+            # Parameters, their gradients and the optimizer state do not shrink with the batch.
+            fixed_bytes=outside(2 * kept.parameter_bytes + kept.optimizer_state_bytes),
+            batch_size=self.batch_size,
+            separability=self.separability,
+            micro_batches_tried=self.half is not None,
+            lowest=self.lowest_measured,
+            half_minimum_bytes=half,
         )

@@ -18,6 +18,16 @@ along the dimension that carries the batch: dim 0 for ``(B, T, H)``, dim 1 for a
 variable-major ``(V, B * T, E)``), checkpoints each piece separately and concatenates the
 outputs along theirs: in backward only one piece's interior is rebuilt at a time. That is only correct for a segment where no operation
 mixes samples, which :mod:`autockpt.planner.separable` establishes before the planner may choose it.
+
+NOTE [Segment runners under torch.compile]
+Dynamo turns a ``checkpoint`` call into a region whose operations the partitioner recomputes
+in backward, and takes a ``context_fn`` there as a selective-checkpointing policy (it calls
+the plain function behind a bound method without its ``self``: the ``TypeError`` a compiled
+plan used to raise). The runner passes none while compiling: recompute in a compiled graph
+replays no buffer update (AOTAutograd applies the forward's mutations once), so there is
+nothing to put back; the eager contexts are what eager runs need. (The debugging backend
+``"eager"`` skips AOTAutograd: there a checkpointed BatchNorm in training mode fails, as it does
+under ``torch.utils.checkpoint`` without autockpt.)
 """
 
 from __future__ import annotations
@@ -99,6 +109,9 @@ class SegmentRunner:
         return outputs
 
     def _checkpointed(self, *inputs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            # NOTE [Segment runners under torch.compile]
+            return checkpoint(self.module, *inputs, use_reentrant=False, preserve_rng_state=True)
         return checkpoint(
             self.module,
             *inputs,
@@ -173,6 +186,9 @@ def build_segmented_module(
         name: segment.index for segment in segments for name in segment.node_names
     }
     graph = fx.Graph()
+    # The code generator rebuilds the model's output types (NOTE [Output structure]); fx
+    # offers no public getter for it.
+    graph.set_codegen(source._codegen)
     env: dict[str, fx.Node] = {}
 
     def lookup(node: fx.Node) -> fx.Node:
@@ -234,15 +250,22 @@ def _segment_module(
 def _stateful_modules(
     graph_module: fx.GraphModule, segment: Segment, nodes_by_name: dict[str, fx.Node]
 ) -> list[torch.nn.Module]:
-    """Modules called in the segment that hold buffers (their values may change in forward)."""
-    modules = []
+    """Modules whose buffers the segment may write in forward: those it calls (and their
+    children: a module kept whole may hold BatchNorm) and those whose buffers it reads
+    (``F.batch_norm(x, self.running_mean, ...)`` written out, NOTE [In-place writes])."""
+    modules: dict[int, torch.nn.Module] = {}
     for name in segment.node_names:
         node = nodes_by_name[name]
         if node.op == "call_module":
-            module = graph_module.get_submodule(str(node.target))
-            if any(True for _ in module.buffers()):
-                modules.append(module)
-    return modules
+            for module in graph_module.get_submodule(str(node.target)).modules():
+                if any(True for _ in module.buffers(recurse=False)):
+                    modules[id(module)] = module
+        for arg in node.all_input_nodes:
+            owner_path, _, attribute = str(arg.target).rpartition(".")
+            owner = graph_module.get_submodule(owner_path) if arg.op == "get_attr" else None
+            if owner is not None and attribute in owner._buffers:
+                modules[id(owner)] = owner
+    return list(modules.values())
 
 
 def adopt_state_of(planned: torch.nn.Module, original: torch.nn.Module) -> None:

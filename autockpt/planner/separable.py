@@ -5,13 +5,27 @@ Running a segment in chunks along the batch, or the whole step in micro-batches,
 nothing only where no operation mixes samples: a per-variable GRN qualifies, BatchNorm in
 training mode (batch statistics) and anything that reduces over the batch do not. Rather than
 trust a list of "safe" ops, this is established by experiment on the real model at a small
-batch: with dropout off (evaluation mode, but normalisation layers that use batch
-statistics left as they are), each segment is run on a few samples at once and on each sample alone,
-and it counts as separable only if every output of every sample agrees (and every output
-carries the batch in dim 0). An input or output carries the batch in the dimension whose size follows the batch
-across two runs at different batch sizes (dim 0 of ``(B, T, H)``, dim 1 of a variable-major
-``(V, B * T, E)``); sample ``j`` is the ``j``-th equal slice of that dimension. The run uses a copy of the model, so BatchNorm
-statistics and the RNG state of the original are untouched.
+batch (:mod:`autockpt.planner.per_sample`): it runs as it trains on 3 samples, on 2, and on
+each of the first 3 alone, with every random draw made fixed (NOTE [Fixed randomness]:
+dropout frozen on by torch.fx or drawn by hand is not mixing), and
+
+- a segment of a traced model may run in chunks if it has an input that carries the batch,
+  every output carries it too, and every output of every sample agrees;
+- the step may run in micro-batches if every output that carries the batch agrees sample by
+  sample and the loss of the 3 samples is the mean or the sum of each sample's loss alone:
+  then pieces weighted by their share of the batch (a mean) or by 1 (a sum) give the whole
+  batch's gradients (:func:`~autockpt.planner.step.training_step`). An output that carries
+  no batch, such as a mean loss the model computes itself from labels, is judged by the loss
+  alone. The probe cuts its batches with :mod:`autockpt.planner.batch_split`, as micro-batches
+  are cut: every tensor whose dim 0 is the batch, in nests too.
+
+When the step does not separate, :mod:`autockpt.planner.mixing` names the operation that
+mixes samples ("BatchNorm2d at layer1.0.bn1"); the reason reaches the plan's notes and the
+refusal of a budget. A model that does not trace (NOTE [Module chain]) is probed the same way
+on a copy of itself: micro-batches if its step separates, no chunks (a submodule's arguments
+have no batch layout the runner knows). The runs use a copy of the model whose parameters are
+shared and only read (under no_grad), so BatchNorm statistics and the RNG state of the
+original are untouched.
 """
 
 from __future__ import annotations
@@ -19,20 +33,31 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from autockpt.planner.batch_split import batch_size_of, take_samples
+from autockpt.planner.fixed_randomness import FixedRandomness
 from autockpt.planner.host import one_cpu_thread
-from autockpt.planner.memory import flat_tensors
+from autockpt.planner.measure import LossFn, default_loss
+from autockpt.planner.mixing import first_mixing_call, first_mixing_node
 from autockpt.planner.module_chain import ModuleChain
+from autockpt.planner.per_sample import (
+    PROBE_BATCHES,
+    agrees,
+    batch_dim,
+    close,
+    sample_of,
+    tensors_in,
+)
 from autockpt.planner.segmented import KEEP, build_segmented_module
 from autockpt.planner.trace import Segment, TracedModel
 
-#: Samples in the two probe batches.
-PROBE_BATCHES = (3, 2)
+LossReduction = Literal["mean", "sum"]
 
 
 @dataclass(frozen=True)
@@ -43,8 +68,11 @@ class Separability:
         chunkable: per segment, whether it may run in chunks along the batch.
         input_batch_dims: per segment, for each input the dimension carrying the batch (or None).
         output_batch_dims: per segment, for each output the dimension carrying the batch.
-        micro_batchable: whether the whole forward may run in micro-batches.
-        reason: why micro-batches are not possible, when they are not.
+        micro_batchable: whether the whole step may run in micro-batches.
+        reason: why micro-batches are not possible, when they are not; it names the
+            operation that mixes samples where the probe found it.
+        loss_reduction: when ``micro_batchable``, whether the step's loss is the mean or the
+            sum of the samples' losses (the ``loss_reduction`` steps must be run with).
     """
 
     chunkable: tuple[bool, ...]
@@ -52,6 +80,7 @@ class Separability:
     output_batch_dims: tuple[tuple[int, ...], ...]
     micro_batchable: bool
     reason: str
+    loss_reduction: LossReduction | None = None
 
     @classmethod
     def nothing(cls, num_segments: int, reason: str) -> Separability:
@@ -83,108 +112,181 @@ class _Capture:
 
 def analyse_separability(
     traced: TracedModel | ModuleChain,
-    example_inputs: Sequence[torch.Tensor],
+    example_inputs: Sequence[Any],
     segments: Sequence[Segment] | None = None,
+    *,
+    model: torch.nn.Module | None = None,
+    loss_fn: LossFn | None = None,
+    example_targets: Sequence[Any] = (),
 ) -> Separability:
-    """Probe every segment (default: the traced model's) and the whole model
-    (NOTE [Batch separability])."""
+    """Probe every segment (default: the traced model's) and the whole step
+    (NOTE [Batch separability]).
+
+    Args:
+        traced: the traced model, or the module chain of one that does not trace.
+        example_inputs: positional inputs at the training batch size (nests too).
+        segments: the chain to probe for chunks; default ``traced.segments``.
+        model: the model itself; needed for a module chain (probed on a copy of it).
+        loss_fn: ``loss_fn(output, *example_targets) -> scalar``; default: the outputs' sum.
+        example_targets: what the loss compares against, at the training batch size.
+
+    Returns:
+        Which segments may run in chunks, and whether (and why not) the step may run in
+        micro-batches.
+    """
     segments = traced.segments if segments is None else segments
     num_segments = len(segments)
-    if isinstance(traced, ModuleChain):
-        # A module's arguments have no known batch layout to split (NOTE [Module chain]).
-        reason = "segments are whole modules (the model does not trace with torch.fx)"
+    batch = batch_size_of(example_inputs)
+    big, small = PROBE_BATCHES
+    if batch is None or batch < big:
+        reason = f"the inputs carry no batch of at least {big} samples"
         return Separability.nothing(num_segments, reason)
-    batch = _batch_size(example_inputs)
-    if batch is None or batch < max(PROBE_BATCHES):
-        reason = "the inputs carry no common batch dimension of at least 3"
-        return Separability.nothing(num_segments, reason)
+    if isinstance(traced, ModuleChain) and model is None:
+        return Separability.nothing(num_segments, "no model was given to probe")
+    root = model if isinstance(traced, ModuleChain) else traced.graph_module
+    assert root is not None
     # Parameters are only read (under no_grad), so the copy shares them: only buffers, which
     # BatchNorm updates, need copies of their own.
-    parameters = {id(p): p for p in traced.graph_module.parameters()}
-    probe_model = copy.deepcopy(traced.graph_module, memo=parameters)
-    # Evaluation mode turns dropout off everywhere (modules like MultiheadAttention apply it
-    # inside); normalisation layers that use batch statistics stay in training mode, since
-    # that is what mixes samples.
-    probe_model.eval()
-    for module in probe_model.modules():
-        if isinstance(module, torch.nn.modules.batchnorm._NormBase):
-            module.train(traced.graph_module.training)
-    captures = []
+    probe_model = copy.deepcopy(root, memo={id(p): p for p in root.parameters()})
+    pieces = [slice(0, big), slice(0, small), *(slice(j, j + 1) for j in range(big))]
+    runs = [take_samples(example_inputs, s, batch_size=batch) for s in pieces]
+    targets = [take_samples(example_targets, s, batch_size=batch) for s in pieces]
+    with _probing():
+        if isinstance(traced, TracedModel):
+            found = _probe_segments(probe_model, segments, runs[:2])
+        else:
+            found = _probe_module_runs(probe_model, num_segments, runs[:2])
+        if isinstance(found, Separability):
+            return found
+        chunkable, input_dims, output_dims, outputs = found
+        reduction, reason = _probe_step(
+            probe_model, runs, targets, loss_fn or default_loss, outputs
+        )
+        if reason is _MIXES:
+            if isinstance(probe_model, torch.fx.GraphModule):
+                culprit = first_mixing_node(probe_model, runs)
+            else:
+                culprit = first_mixing_call(probe_model, runs)
+            reason = culprit or "some operation mixes samples (e.g. BatchNorm in training)"
+    return Separability(
+        tuple(chunkable),
+        tuple(input_dims),
+        tuple(output_dims),
+        reduction is not None,
+        reason,
+        reduction,
+    )
+
+
+#: The step's reason when an output that carries the batch disagrees (then named).
+_MIXES = "mixes"
+
+_Found = tuple[list[bool], list[tuple[int | None, ...]], list[tuple[int, ...]], list[Any]]
+
+
+@contextlib.contextmanager
+def _probing() -> Iterator[None]:
     # fx prints the generated code of a module that raises; a failed probe is an answer here.
     with (
         torch.random.fork_rng(devices=[]),
         torch.no_grad(),
         contextlib.redirect_stderr(io.StringIO()),
+        warnings.catch_warnings(),
         one_cpu_thread(),
+        FixedRandomness(),
     ):
-        capture = _Capture()
-        segmented = build_segmented_module(
-            probe_model, segments, [KEEP] * num_segments, observer=capture
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _probe_module_runs(
+    probe_model: torch.nn.Module, num_segments: int, runs: Sequence[Sequence[Any]]
+) -> _Found | Separability:
+    """The model's outputs on the two probe batches (module-level segments are not chunked)."""
+    outputs = []
+    for size, run in zip(PROBE_BATCHES, runs, strict=True):
+        try:
+            outputs.append(probe_model(*run))
+        except Exception as error:  # the model itself refuses a small batch
+            reason = f"the model does not run on {size} samples ({type(error).__name__})"
+            return Separability.nothing(num_segments, reason)
+    return [False] * num_segments, [()] * num_segments, [()] * num_segments, outputs
+
+
+def _probe_segments(
+    probe_model: Any, segments: Sequence[Segment], runs: Sequence[Sequence[Any]]
+) -> _Found | Separability:
+    """Per segment of the traced model: chunkable, and its batch dims; and the outputs of
+    the whole model on the two probe batches."""
+    num_segments = len(segments)
+    capture = _Capture()
+    segmented = build_segmented_module(
+        probe_model, segments, [KEEP] * num_segments, observer=capture
+    )
+    captures, outputs = [], []
+    for size, run in zip(PROBE_BATCHES, runs, strict=True):
+        try:
+            outputs.append(segmented(*run))
+        except Exception as error:  # the model itself refuses a small batch
+            reason = f"the model does not run on {size} samples ({type(error).__name__})"
+            return Separability.nothing(num_segments, reason)
+        captures.append(capture.handed_over())
+    first, second = captures
+    chunkable, input_dims, output_dims = [], [], []
+    for index, segment in enumerate(segments):
+        in_dims = tuple(
+            batch_dim(a, b) for a, b in zip(first.inputs[index], second.inputs[index], strict=True)
         )
-        for size in PROBE_BATCHES:
-            probe_inputs = [_take(x, size, batch) for x in example_inputs]
-            try:
-                full_output = segmented(*probe_inputs)
-            except Exception as error:  # the model itself refuses a small batch
-                reason = f"the model does not run on {size} samples ({type(error).__name__})"
-                return Separability.nothing(num_segments, reason)
-            captures.append((capture.handed_over(), probe_inputs, full_output))
-        (first, first_inputs, first_output), (second, _, second_output) = captures
-        chunkable, input_dims, output_dims = [], [], []
-        for index, segment in enumerate(segments):
-            in_dims = tuple(
-                _batch_dim(a, b)
-                for a, b in zip(first.inputs[index], second.inputs[index], strict=True)
-            )
-            out_dims = tuple(
-                _batch_dim(a, b)
-                for a, b in zip(
-                    flat_tensors(first.outputs[index]),
-                    flat_tensors(second.outputs[index]),
-                    strict=True,
-                )
-            )
-            ok = (
-                any(d is not None for d in in_dims)
-                and all(d is not None for d in out_dims)
-                and len(out_dims) == len(segment.output_names)
-                and _agrees_per_sample(
-                    _segment_module(segmented, index),
-                    first.inputs[index],
-                    first.outputs[index],
-                    in_dims,
-                    [d for d in out_dims if d is not None],
-                )
-            )
-            chunkable.append(ok)
-            input_dims.append(in_dims if ok else ())
-            output_dims.append(tuple(d for d in out_dims if d is not None) if ok else ())
-        model_dims = tuple(
-            _batch_dim(a, b) for a, b in zip(first_inputs, captures[1][1], strict=True)
-        )
-        model_out_dims = [
-            _batch_dim(a, b)
-            for a, b in zip(flat_tensors(first_output), flat_tensors(second_output), strict=True)
-        ]
-        # When every segment agrees sample by sample, so does their chain, on the same probe
-        # data: the run of the whole model per sample is needed only when some segment failed.
-        micro_batchable = (
-            all(d == 0 for d in model_dims)
-            and all(d == 0 for d in model_out_dims)
-            and (
-                all(chunkable)
-                or _agrees_per_sample(
-                    probe_model,
-                    tuple(first_inputs),
-                    first_output,
-                    model_dims,
-                    [0] * len(model_out_dims),
-                )
+        out_dims = tuple(
+            batch_dim(a, b)
+            for a, b in zip(
+                tensors_in(first.outputs[index]), tensors_in(second.outputs[index]), strict=True
             )
         )
-    reason = "" if micro_batchable else "some operation mixes samples (e.g. BatchNorm in training)"
-    return Separability(
-        tuple(chunkable), tuple(input_dims), tuple(output_dims), micro_batchable, reason
+        ok = (
+            any(d is not None for d in in_dims)
+            and all(d is not None for d in out_dims)
+            and len(out_dims) == len(segment.output_names)
+            and _segment_agrees(
+                _segment_module(segmented, index),
+                first.inputs[index],
+                first.outputs[index],
+                in_dims,
+                [d for d in out_dims if d is not None],
+            )
+        )
+        chunkable.append(ok)
+        input_dims.append(in_dims if ok else ())
+        output_dims.append(tuple(d for d in out_dims if d is not None) if ok else ())
+    return chunkable, input_dims, output_dims, outputs
+
+
+def _probe_step(
+    probe_model: Any,
+    runs: Sequence[Sequence[Any]],
+    targets: Sequence[Sequence[Any]],
+    loss_fn: LossFn,
+    outputs: Sequence[Any],
+) -> tuple[LossReduction | None, str]:
+    """Whether the step separates: the loss reduction that makes it, or None and why not."""
+    try:
+        alone = [probe_model(*run) for run in runs[2:]]
+    except Exception:  # e.g. BatchNorm1d refuses one sample in training mode
+        return None, _MIXES
+    if not agrees(outputs[0], outputs[1], alone, unbatched="skip"):
+        return None, _MIXES
+    try:
+        whole = float(loss_fn(outputs[0], *targets[0]))
+        each = [float(loss_fn(out, *t)) for out, t in zip(alone, targets[2:], strict=True)]
+    except Exception as error:
+        return None, f"loss_fn fails on the probe's outputs ({type(error).__name__}: {error})"
+    reference = torch.tensor(whole, dtype=torch.float64)
+    for reduction, value in (("mean", sum(each) / len(each)), ("sum", sum(each))):
+        if torch.allclose(torch.tensor(value, dtype=torch.float64), reference, rtol=1e-4):
+            return reduction, ""  # type: ignore[return-value]
+    return None, (
+        f"the loss of {len(each)} samples is neither the mean nor the sum of each sample's "
+        "loss alone (the loss, or the model's own, mixes samples)"
     )
 
 
@@ -196,62 +298,28 @@ def _segment_module(segmented: torch.nn.Module, index: int) -> Any:
     raise AssertionError(f"segment {index} has no runner")
 
 
-def _batch_size(inputs: Sequence[Any]) -> int | None:
-    sizes = {x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0}
-    return sizes.pop() if len(sizes) == 1 else None
-
-
-def _take(value: Any, size: int, batch: int) -> Any:
-    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
-        return value[:size].clone()
-    return value
-
-
-def _batch_dim(first: Any, second: Any) -> int | None:
-    """The dimension whose size follows the batch between the two probes (rows per sample
-    equal), or None."""
-    if not isinstance(first, torch.Tensor) or not isinstance(second, torch.Tensor):
-        return None
-    if first.dim() != second.dim():
-        return None
-    big, small = PROBE_BATCHES
-    for dim, (a, b) in enumerate(zip(first.shape, second.shape, strict=True)):
-        if a != b and a % big == 0 and b % small == 0 and a // big == b // small:
-            return dim
-    return None
-
-
-def _sample(value: Any, dim: int | None, sample: int) -> Any:
-    if dim is None:
-        return value
-    rows = value.shape[dim] // PROBE_BATCHES[0]
-    return value.narrow(dim, sample * rows, rows)
-
-
-def _agrees_per_sample(
+def _segment_agrees(
     module: Any,
     inputs: tuple[Any, ...],
     full_output: Any,
     input_dims: Sequence[int | None],
     output_dims: Sequence[int],
 ) -> bool:
-    full = flat_tensors(full_output)
+    """Whether the segment run on each sample alone gives that sample's slice of its outputs."""
+    full = tensors_in(full_output)
     if not full or len(full) != len(output_dims):
         return False
     for sample in range(PROBE_BATCHES[0]):
         sample_inputs = [
-            _sample(value, dim, sample) for value, dim in zip(inputs, input_dims, strict=True)
+            sample_of(value, dim, sample) for value, dim in zip(inputs, input_dims, strict=True)
         ]
         try:
-            alone = flat_tensors(module(*sample_inputs))
+            alone = tensors_in(module(*sample_inputs))
         except Exception:  # e.g. BatchNorm refuses one sample in training mode
             return False
         if len(alone) != len(full):
             return False
         for whole, single, dim in zip(full, alone, output_dims, strict=True):
-            expected = _sample(whole, dim, sample)
-            if single.shape != expected.shape or not torch.allclose(
-                single.float(), expected.float(), rtol=1e-4, atol=1e-5
-            ):
+            if not close(single, sample_of(whole, dim, sample)):
                 return False
     return True

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import torch
 
+from autockpt.planner.batch_split import batch_size_of, piece_sizes, split_batch
 from autockpt.planner.plan_model import Plan
 
 
@@ -23,7 +24,9 @@ def training_step(
 ) -> torch.Tensor:
     """Forward and backward of one batch in ``plan.num_micro_batches`` pieces.
 
-    Every input and target is split along dim 0 into the plan's number of pieces; each piece
+    Every tensor of the inputs and targets that carries the batch (dim 0 the size of the
+    largest dim 0, inside tuples, lists and dicts too) is split along dim 0 into the plan's
+    number of pieces, and other values go whole to every piece; each piece
     runs forward, ``loss_fn(output, *targets)`` and backward, and the gradients add up in the
     parameters' ``.grad``. With ``loss_reduction="mean"`` each piece's loss is weighted by its
     share of the batch, so the gradients equal those of one pass over the whole batch (up to
@@ -53,18 +56,18 @@ def training_step(
         loss = loss_fn(model(*inputs), *targets)
         loss.backward()
         return loss.detach()
-    batch = _batch_size(inputs)
-    split_inputs = [_split(x, pieces) for x in inputs]
-    split_targets = [_split(t, pieces) for t in targets]
+    # Every tensor that carries the batch is cut, in nests too (autockpt.planner.batch_split).
+    batch = batch_size_of(inputs) or 1
+    split_inputs = split_batch(inputs, pieces, batch_size=batch)
+    split_targets = split_batch(targets, pieces, batch_size=batch)
+    sizes = piece_sizes(inputs, pieces, batch_size=batch)
     # A Python number: a tensor here would stay alive through every later piece, on top of
     # what the plan measured (one piece, nothing else held). On CUDA reading it waits for the
     # piece to finish, once per micro-batch.
     total = 0.0
     for index in range(pieces):
-        piece_inputs = [parts[index] for parts in split_inputs]
-        piece_targets = [parts[index] for parts in split_targets]
-        size = piece_inputs[0].shape[0] if piece_inputs else 1
-        weight = size / batch if loss_reduction == "mean" else 1.0
+        piece_inputs, piece_targets = split_inputs[index], split_targets[index]
+        weight = sizes[index] / batch if loss_reduction == "mean" else 1.0
         last = index == pieces - 1
         with nullcontext() if no_sync is None or last else no_sync():
             loss = loss_fn(model(*piece_inputs), *piece_targets) * weight
@@ -72,11 +75,3 @@ def training_step(
         total += float(loss.detach())
         del loss
     return torch.tensor(total, dtype=torch.float32)
-
-
-def _split(value: torch.Tensor, pieces: int) -> tuple[Any, ...]:
-    return torch.tensor_split(value, pieces, dim=0)
-
-
-def _batch_size(inputs: Sequence[torch.Tensor]) -> int:
-    return int(inputs[0].shape[0]) if inputs else 1

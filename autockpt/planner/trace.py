@@ -1,45 +1,41 @@
 """Stage 1: trace a model with torch.fx and cut its graph into a chain of candidate segments.
 
-NOTE [Cut points]
-A segment is a contiguous run of the traced graph's compute nodes, in execution order. Any
-such run can be recomputed in backward: its inputs are the values it reads from earlier nodes,
-its outputs the values later nodes read. What a checkpointed segment keeps alive between forward
-and backward is its *boundary* (inputs and outputs), while its interior is rebuilt in backward,
-all at once. So good cut points sit where few bytes cross: inside the per-variable GRNs of a
-TFT's variable selection network every value is (B, T, V, H), but the embeddings that enter
-them are (B, T, V, 8) and the weighted sum that leaves is (B, T, H).
-
-The cuts are chosen by a small dynamic program over the node order that minimises
-
-    weight * sum(bytes crossing each cut) + sum(segment bytes ** 2) / total bytes
-
-The first term is what recomputed segments must keep (their boundaries); the second stands in
-for the largest interior that backward rebuilds at once (it falls as segments get smaller, and
-falls fastest where one segment is much larger than the rest). Where cuts are cheap this gives
-about sqrt(total / crossing) segments; where every cut is expensive (inside a TFT's per-variable
-GRNs) the region stays whole, and a later stage runs it in chunks instead.
-
-The DP runs twice. With weight 1 it gives the *segments*, the chain's positions, each of which
-may be kept or recomputed alone. With weight 3 it gives the *regions* (and every region edge is
-made a segment edge too): runs of segments whose outer boundary is small (a TFT's per-variable GRNs and their
-weighted sum form one), which may be recomputed as one unit and, when batch-separable, in
-chunks, so that backward rebuilds only a piece of them at a time.
+The chain's segments are runs of the graph's compute nodes in execution order, cut where few
+bytes cross (NOTE [Cut points] in :mod:`autockpt.planner.cuts`); runs of segments form the
+units and regions that may also be recomputed as one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import warnings
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-import numpy as np
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autockpt.errors import TraceError
+from autockpt.planner.cuts import choose_cuts
 from autockpt.planner.fake import fake_copy, storages
+from autockpt.planner.inplace import WriteRecorder, keep_reason
+from autockpt.planner.modes import training_mode
+from autockpt.planner.outputs import (
+    OutputStructure,
+    RebuildingCodeGen,
+    flatten_output,
+    needs_structure,
+)
+from autockpt.planner.python_arguments import (
+    keep_specialized_names,
+    plain_python_defaults,
+    same_value,
+    specialized_arguments,
+)
 
 #: torch.nn modules the tracer keeps whole although they have children or fused kernels. Other
 #: torch.nn modules are kept whole only when they have no children (Linear, LayerNorm, ...):
@@ -50,13 +46,6 @@ LEAF_MODULE_TYPES: tuple[type[torch.nn.Module], ...] = (
     torch.nn.RNN,
     torch.nn.MultiheadAttention,
 )
-
-#: How much a byte crossing a cut counts against a byte of interior (NOTE [Cut points]), for
-#: segments (fine: each may be recomputed on its own) and for regions (coarse: runs of
-#: segments that may be recomputed as one, in chunks). A recomputed region keeps its boundary
-#: through forward and backward, and backward adds the boundary's gradient.
-SEGMENT_CROSSING_WEIGHT = 1.0
-REGION_CROSSING_WEIGHT = 3.0
 
 COMPUTE_OPS = frozenset({"call_function", "call_method", "call_module"})
 
@@ -72,6 +61,8 @@ class Segment:
         module_paths: the modules its nodes run in (outermost first, deduplicated).
         input_names: nodes outside the segment whose values it reads (parameters excluded).
         output_names: nodes inside it whose values are read after it.
+        keep_reason: why it must never be recomputed (NOTE [In-place writes] in
+            :mod:`autockpt.planner.inplace`); empty when it may be.
     """
 
     index: int
@@ -80,6 +71,7 @@ class Segment:
     module_paths: tuple[str, ...]
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
+    keep_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,12 +84,20 @@ class TracedModel:
         node_output_bytes: bytes of new storage each compute node's output takes (views: 0).
         storage_owner: for a node whose output is a view, the node that allocated its storage.
         regions: runs of segments that may be recomputed as one, as ``(first, end)`` segment
-            indices covering the chain in order (NOTE [Cut points]).
+            indices covering the chain in order (NOTE [Cut points] in
+            :mod:`autockpt.planner.cuts`).
         region_segments: each region as one segment.
         fake_module: a copy of ``graph_module`` on fake tensors of ``fake_mode`` (see
             :func:`autockpt.planner.fake.fake_copy`), made once here for the sizes and reused by
             every measurement (copying a large graph module is not free).
         fake_mode: the fake tensor mode of ``fake_module``.
+        units: runs of segments that may be recomputed as one, as ``(first, end)`` segment
+            indices covering the chain; one per segment unless in-place writes cut them
+            finer (NOTE [Cut points]).
+        unit_segments: each unit as one segment.
+        opaque: submodules torch.fx could not trace, kept whole (one node each), with fx's
+            reason.
+        notes: what the plan should say about how the model was traced.
     """
 
     graph_module: fx.GraphModule
@@ -108,6 +108,10 @@ class TracedModel:
     region_segments: tuple[Segment, ...]
     fake_module: fx.GraphModule
     fake_mode: FakeTensorMode
+    units: tuple[tuple[int, int], ...] = ()
+    unit_segments: tuple[Segment, ...] = ()
+    opaque: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
 
 #: How many submodules that do not trace may be kept whole before the model counts as untraceable.
@@ -118,6 +122,22 @@ class _Tracer(fx.Tracer):
     def __init__(self, opaque_paths: set[str]) -> None:
         super().__init__()
         self.opaque_paths = opaque_paths
+        self.output_structure: OutputStructure | None = None
+
+    def create_args_for_root(
+        self, root_fn: Callable[..., Any], is_module: bool, concrete_args: Any = None
+    ) -> tuple[Any, list[Any]]:
+        fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
+
+        def flat_fn(*inputs: Any) -> Any:
+            # NOTE [Output structure]: the graph returns the output's tensors, flat.
+            output = fn(*inputs)
+            if not needs_structure(output):
+                return output
+            leaves, self.output_structure = flatten_output(output)
+            return tuple(leaves)
+
+        return flat_fn, args
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.opaque_paths or isinstance(m, LEAF_MODULE_TYPES):
@@ -146,75 +166,149 @@ def trace_model(
     Raises:
         TraceError: torch.fx cannot trace the model (the message says why).
     """
-    graph = trace_graph(model)
+    failed: dict[str, str] = {}
+    graph = trace_graph(model, opaque=failed)
+    _check_constants_given(model, graph, example_inputs)
+    called = {str(n.target) for n in graph.nodes if n.op == "call_module"}
+    opaque = {path: reason for path, reason in failed.items() if path in called}
     graph_module = fx.GraphModule(model, graph, class_name=f"Traced{type(model).__name__}")
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     fake_module = fake_copy(graph_module, fake_mode)
-    node_bytes, owners = node_output_bytes(fake_module, fake_mode, example_inputs)
+    try:
+        node_bytes, owners, writes = node_output_bytes(fake_module, fake_mode, example_inputs)
+    except Exception as error:  # a submodule kept whole that reads tensor values, most likely
+        if not opaque:
+            raise
+        path, reason = next(iter(opaque.items()))
+        raise TraceError(
+            f"submodule {path} does not trace ({reason}) and does not run on fake tensors "
+            f"({type(error).__name__})"
+        ) from None
     compute_nodes = [n for n in graph.nodes if n.op in COMPUTE_OPS]
     if not compute_nodes:
         raise TraceError(f"{type(model).__name__} has no operations to plan")
-    costs = _CutCosts(compute_nodes, node_bytes, owners, target_num_segments)
-    everywhere = range(len(compute_nodes) + 1)
-    region_bounds = costs.choose(REGION_CROSSING_WEIGHT, everywhere)
-    # Every region edge is also a segment edge, so regions are runs of whole segments.
-    bounds = sorted(set(costs.choose(SEGMENT_CROSSING_WEIGHT, everywhere)) | set(region_bounds))
-    segments = _build_segments(graph, compute_nodes, bounds)
-    regions = tuple(
-        (bounds.index(start), bounds.index(end))
-        for start, end in zip(region_bounds[:-1], region_bounds[1:], strict=True)
+    placeholders = [n.name for n in graph.nodes if n.op == "placeholder"]
+    cuts = choose_cuts(
+        compute_nodes,
+        node_bytes,
+        owners,
+        writes,
+        placeholders,
+        target_num_segments=target_num_segments,
     )
+
+    def build(bounds: list[int]) -> tuple[Segment, ...]:
+        return _build_segments(graph, compute_nodes, bounds, writes=writes, owners=owners)
+
+    def spans(bounds: list[int]) -> tuple[tuple[int, int], ...]:
+        # Each level's bounds are segment bounds: its runs as segment indices.
+        return tuple(
+            (cuts.segments.index(start), cuts.segments.index(end))
+            for start, end in zip(bounds[:-1], bounds[1:], strict=True)
+        )
+
     return TracedModel(
         graph_module=graph_module,
-        segments=segments,
+        segments=build(cuts.segments),
         node_output_bytes=node_bytes,
         storage_owner=owners,
-        regions=regions,
-        region_segments=_build_segments(graph, compute_nodes, region_bounds),
+        regions=spans(cuts.regions),
+        region_segments=build(cuts.regions),
         fake_module=fake_module,
         fake_mode=fake_mode,
+        units=spans(cuts.units),
+        unit_segments=build(cuts.units),
+        opaque=opaque,
     )
 
 
-def trace_graph(model: torch.nn.Module) -> fx.Graph:
+def trace_graph(
+    model: torch.nn.Module,
+    *,
+    in_training_mode: bool = True,
+    opaque: dict[str, str] | None = None,
+) -> fx.Graph:
     """Trace ``model``; a submodule that does not trace is kept whole and tracing retried.
 
     torch.nn's own containers (``TransformerEncoderLayer``'s fast-path checks, for one) branch
     on tensor properties; keeping such a module whole loses only the cut points inside it.
+    The model is traced as it trains, after ``model.train()``, and left in the modes it was in
+    (NOTE [Modes and the traced graph]). The graph returns the output's tensors and its code
+    rebuilds the output's types around them (NOTE [Output structure]). A forward that traces
+    only with its plain Python arguments fixed at their defaults is traced so
+    (NOTE [Python arguments]).
+
+    Args:
+        model: the model to trace.
+        in_training_mode: ``False`` traces it in the modes its modules are in.
+        opaque: when given, filled with the path of each submodule kept whole and fx's
+            reason (one that ends up inside another kept whole is listed too).
     """
     opaque_paths: set[str] = set()
+    constants: dict[str, Any] = {}
     while True:
         tracer = _Tracer(opaque_paths)
         try:
-            return tracer.trace(model)
+            with training_mode(model) if in_training_mode else contextlib.nullcontext():
+                graph = tracer.trace(model, concrete_args=constants or None)
+            keep_specialized_names(graph, constants)
+            if tracer.output_structure is not None:
+                graph.set_codegen(RebuildingCodeGen(tracer.output_structure))
+            return graph
         except Exception as error:  # fx raises many types; all mean "not traceable here"
             failing_path = next(reversed(tracer.module_stack), "") if tracer.module_stack else ""
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            if not constants and (defaults := plain_python_defaults(type(model).forward)):
+                # NOTE [Python arguments]: once more, with those arguments as constants.
+                constants = defaults
+                opaque_paths.clear()
+                if opaque is not None:
+                    opaque.clear()
+                continue
             if (
                 failing_path
                 and failing_path not in opaque_paths
                 and len(opaque_paths) < MAX_OPAQUE_MODULES
             ):
                 opaque_paths.add(failing_path)
+                if opaque is not None:
+                    opaque[failing_path] = reason
                 continue
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise TraceError(
                 f"torch.fx cannot trace {type(model).__name__}: {reason}; wrap "
                 "shape-dependent helpers with torch.fx.wrap or pass inputs as plain tensors"
             ) from error
 
 
+def _check_constants_given(
+    model: torch.nn.Module, graph: fx.Graph, example_inputs: Sequence[Any]
+) -> None:
+    """Refuse example inputs that give an argument the graph holds as a constant another value
+    (NOTE [Python arguments]): the graph would plan a step that is not the model's."""
+    constants = specialized_arguments(graph)
+    parameters = list(inspect.signature(type(model).forward).parameters)[1:]
+    for name, value in zip(parameters, example_inputs, strict=False):
+        if name in constants and not same_value(value, constants[name]):
+            raise TraceError(
+                f"torch.fx cannot trace {type(model).__name__} with {name}={value!r}: it traces "
+                f"only with {name}={constants[name]!r}, its default"
+            )
+
+
 def node_output_bytes(
     fake_module: fx.GraphModule, mode: FakeTensorMode, example_inputs: Sequence[torch.Tensor]
-) -> tuple[dict[str, int], dict[str, str]]:
-    """New storage bytes of each node's output, and for views the node owning their storage.
+) -> tuple[dict[str, int], dict[str, str], dict[str, tuple[str, ...]]]:
+    """New storage bytes of each node's output, for views the node owning their storage, and
+    for each node that writes in place the nodes owning what it writes (NOTE [In-place writes]).
 
     Measured by a forward pass of ``fake_module`` (on fake tensors of ``mode``) under no_grad.
     """
     with mode, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         interpreter = _SizeInterpreter(fake_module)
-        interpreter.run(*[mode.from_tensor(x) for x in example_inputs])
-    return interpreter.sizes, interpreter.owners
+        with interpreter.recorder:
+            interpreter.run(*[mode.from_tensor(x) for x in example_inputs])
+    return interpreter.sizes, interpreter.owners, interpreter.writes
 
 
 class _SizeInterpreter(fx.Interpreter):
@@ -222,89 +316,47 @@ class _SizeInterpreter(fx.Interpreter):
         super().__init__(module, garbage_collect_values=True)
         self.sizes: dict[str, int] = {}
         self.owners: dict[str, str] = {}
-        # Storages stay referenced for the whole pass so that their ids are never reused.
-        self._seen: dict[int, tuple[object, str]] = {}
+        self.writes: dict[str, tuple[str, ...]] = {}
+        self.recorder = WriteRecorder(lambda _, storage: self._written.append(storage))
+        self._written: list[torch.UntypedStorage] = []
+        # The node that allocated each storage, by id; the storages stay referenced for the
+        # whole pass so that their ids are never reused.
+        self._owner_of: dict[int, str] = {}
+        self._alive: list[torch.UntypedStorage] = []
 
     def run_node(self, n: fx.Node) -> object:
+        self._written.clear()
         result = super().run_node(n)
+        # A storage an earlier node allocated is an earlier value: this node writes it in place.
+        owners = (self._owner_of.get(id(storage)) for storage in self._written)
+        written = tuple(dict.fromkeys(owner for owner in owners if owner is not None))
+        if written:
+            self.writes[n.name] = written
+        self._written.clear()
         total = 0
         for storage in storages(result):
-            if id(storage) in self._seen:
-                self.owners.setdefault(n.name, self._seen[id(storage)][1])
+            if id(storage) in self._owner_of:
+                self.owners.setdefault(n.name, self._owner_of[id(storage)])
             else:
-                self._seen[id(storage)] = (storage, n.name)
+                self._owner_of[id(storage)] = n.name
+                self._alive.append(storage)
                 total += storage.nbytes()
         self.sizes[n.name] = total
         return result
 
 
-class _CutCosts:
-    """The quantities of NOTE [Cut points] over the compute nodes, and the DP that uses them."""
-
-    def __init__(
-        self,
-        compute_nodes: list[fx.Node],
-        node_bytes: dict[str, int],
-        owners: dict[str, str],
-        target_num_segments: int,
-    ) -> None:
-        count = len(compute_nodes)
-        position = {node: i for i, node in enumerate(compute_nodes)}
-        weights = np.array([node_bytes.get(n.name, 0) for n in compute_nodes], dtype=np.float64)
-        # A storage lives until the last use of the node that made it or of any view of it.
-        last_use = {
-            node.name: max(
-                (position.get(user, count) for user in node.users), default=position[node]
-            )
-            for node in compute_nodes
-        }
-        for view, owner in owners.items():
-            if owner in last_use and view in last_use:
-                last_use[owner] = max(last_use[owner], last_use[view])
-        # crossing[p]: bytes produced before position p and read at or after it.
-        delta = np.zeros(count + 1, dtype=np.float64)
-        for node in compute_nodes:
-            last = last_use[node.name]
-            start = position[node] + 1
-            if last >= start:
-                delta[start] += weights[position[node]]
-                delta[last + 1 if last < count else count] -= weights[position[node]]
-        self.crossing = np.cumsum(delta)
-        self.crossing[count] = 0.0
-        self.prefix = np.concatenate([[0.0], np.cumsum(weights)])
-        self.total = max(float(self.prefix[-1]), 1.0)
-        # A small price per segment keeps the DP from cutting at every free position.
-        self.per_segment = self.total / (50.0 * max(target_num_segments, 1))
-
-    def choose(self, crossing_weight: float, allowed: Sequence[int] | range) -> list[int]:
-        """Cut positions (0 first, the node count last) among ``allowed`` that minimise the
-        cost of NOTE [Cut points]."""
-        points = np.array(list(allowed), dtype=np.int64)
-        best = np.full(len(points), np.inf)
-        best[0] = 0.0
-        previous = np.zeros(len(points), dtype=np.int64)
-        for index in range(1, len(points)):
-            end = points[index]
-            size = self.prefix[end] - self.prefix[points[:index]]
-            cost = (
-                best[:index]
-                + size * size / self.total
-                + crossing_weight * self.crossing[end]
-                + self.per_segment
-            )
-            start = int(np.argmin(cost))
-            best[index] = cost[start]
-            previous[index] = start
-        chosen = [len(points) - 1]
-        while chosen[-1] > 0:
-            chosen.append(int(previous[chosen[-1]]))
-        return [int(points[i]) for i in reversed(chosen)]
-
-
 def _build_segments(
-    graph: fx.Graph, compute_nodes: list[fx.Node], bounds: list[int]
+    graph: fx.Graph,
+    compute_nodes: list[fx.Node],
+    bounds: list[int],
+    *,
+    writes: dict[str, tuple[str, ...]] | None = None,
+    owners: dict[str, str] | None = None,
 ) -> tuple[Segment, ...]:
+    """Segments between consecutive ``bounds``; with the in-place ``writes`` and storage
+    ``owners`` of :func:`node_output_bytes`, each says whether it may be recomputed."""
     segments: list[Segment] = []
+    positions = {node.name: i for i, node in enumerate(compute_nodes)}
     names_used: Counter[str] = Counter()
     order = {node: i for i, node in enumerate(graph.nodes)}
     for index, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
@@ -329,6 +381,11 @@ def _build_segments(
                 module_paths=tuple(paths),
                 input_names=tuple(inputs),
                 output_names=tuple(outputs),
+                keep_reason=keep_reason(
+                    [n.name for n in members], inputs, positions, writes, owners or {}
+                )
+                if writes
+                else "",
             )
         )
     return tuple(segments)

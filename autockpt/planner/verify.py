@@ -17,6 +17,7 @@ import torch
 from autockpt.planner.apply import apply
 from autockpt.planner.measure import LossFn, OptimizerSpec, default_loss, make_optimizer
 from autockpt.planner.memory import MemoryTracker, tensors_of
+from autockpt.planner.modes import training_mode
 from autockpt.planner.plan_model import Plan
 from autockpt.planner.step import training_step
 
@@ -83,7 +84,8 @@ def verify_plan(
     }
     rng_devices = [device.index or 0] if device.type == "cuda" else []
     try:
-        with torch.random.fork_rng(devices=rng_devices):
+        # A training step, whatever mode the model is in (NOTE [Modes and the traced graph]).
+        with torch.random.fork_rng(devices=rng_devices), training_mode(model):
             return _measure(
                 model, plan, example_inputs, example_targets, loss_fn, optimizer, device
             )

@@ -44,6 +44,9 @@ class RunState:
     """The budget the current plan was made for, once a re-plan tightened it."""
     num_replans: int = 0
     peak_bytes: int = 0
+    """The largest measured peak (0 before any step is measured)."""
+    num_measured_steps: int = 0
+    """Steps whose peak was measured (NOTE [Enforcing the budget])."""
     step_seconds: list[float] = field(default_factory=list)
 
 
@@ -122,6 +125,7 @@ def resume_checkpoint(
         planning_budget_bytes=state.planning_budget_bytes,
         num_replans=state.num_replans,
         peak_bytes=state.peak_bytes,
+        num_measured_steps=state.num_measured_steps,
     )
     return checkpoint
 
@@ -169,6 +173,8 @@ def restored_run_state(checkpoint: dict[str, Any]) -> RunState:
         planning_budget_bytes=checkpoint["planning_budget_bytes"],
         num_replans=checkpoint["num_replans"],
         peak_bytes=checkpoint["peak_bytes"],
+        # Runs saved before steps were sampled measured every step.
+        num_measured_steps=checkpoint.get("num_measured_steps", checkpoint["global_step"]),
     )
 
 

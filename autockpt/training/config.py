@@ -72,6 +72,8 @@ class TrainConfig(BaseModel):
     """memory budget such as 4GB, 3.5GiB or auto; unset means auto on cuda, no limit on cpu."""
     use_gradient_checkpointing: bool | None = None
     """true recomputes every segment, false none; unset lets the planner choose for the budget."""
+    compile: bool = False
+    """run the planned training steps through torch.compile (the plan's peak is the eager one)."""
     target: str | None = None
     """column to forecast; unset uses the data module's default (the close price)."""
     target_transform: TargetTransform | None = None
@@ -88,12 +90,25 @@ class TrainConfig(BaseModel):
     """bars ahead to forecast, a whole number >= 1; unset uses the preset's."""
     quiet: bool = False
     """print JSON lines instead of progress bars (for scripts and logs)."""
+    memory_check_every: int = 50
+    """on the CPU with a budget, measure the memory of every Nth step (besides the first steps
+    after each plan or change of batch shape), a whole number >= 1; 1 measures every step."""
+    cpu_threads: int | None = None
+    """torch threads of a CPU run, a whole number >= 1; unset: 1 for a small step, else torch's
+    default (NOTE [Tuning the host process] in autockpt/training/host_tuning.py)."""
     strategy: Strategy | None = None
     """how several torchrun ranks share the model: ddp (each holds all of it; the default)
     or fsdp (parameters, gradients and optimizer state split over the ranks)."""
 
     @field_validator(
-        "epochs", "batch_size", "patience", "max_steps_per_epoch", "encoder_length", "horizon"
+        "epochs",
+        "batch_size",
+        "patience",
+        "max_steps_per_epoch",
+        "encoder_length",
+        "horizon",
+        "memory_check_every",
+        "cpu_threads",
     )
     @classmethod
     def _at_least_one(cls, value: int | None) -> int | None:

@@ -28,12 +28,12 @@ NOTE [FSDP and the planned model]
 ``--strategy fsdp`` applies FSDP2's ``fully_shard`` to the planned model (:func:`shard`): each
 leaf unit (NOTE [FSDP units] in :mod:`autockpt.planner.sharding`), then the planned root. FSDP swaps a
 module's parameter entries between the sharded and the gathered tensors, so every view of the
-model must reach parameters through the same module objects. The planned graph and each
-recomputed segment's subgraph hold their own copies of the model's container modules (fx
-copies attribute paths), sharing only the parameters; :func:`shard` points them all at the
-model's own top-level modules first, so a parameter read inside a recomputed segment is the
-gathered one (without this, recomputed segments read the stale unsharded originals and their
-gradients are lost). The original model is part of the sharded module afterwards: the trainer
+model must reach parameters through the same module objects. The planned module, its graph and
+each recomputed segment's subgraph resolve every attribute path through the model's own tables
+of modules and parameters (NOTE [The planned module] in :mod:`autockpt.planner.planned_module`),
+so a parameter read inside a recomputed segment is the gathered one (were they copies, recomputed
+segments would read the stale unsharded originals and their gradients would be lost). The
+original model is part of the sharded module afterwards: the trainer
 evaluates and saves through the planned root, and does not re-plan (planning needs the whole
 parameters; a run that goes over its budget is resumed with a lower one instead).
 """
@@ -53,7 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from autockpt.errors import AutockptError, ConfigError
 from autockpt.planner.plan_model import Plan
-from autockpt.planner.segmented import SegmentRunner
+from autockpt.planner.planned_module import planned_forward_of
 from autockpt.planner.sharding import Parallelism, fsdp_unit_paths
 from autockpt.training.progress import Record
 from tft.data import Batch
@@ -266,7 +266,7 @@ def shard(planned: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:
     """
     from torch.distributed.fsdp import fully_shard
 
-    if not isinstance(planned, torch.fx.GraphModule):
+    if planned_forward_of(planned) is None:
         raise ConfigError(
             "--strategy fsdp needs a model that torch.fx traces (this plan has module-level "
             "segments); use --strategy ddp"
@@ -277,15 +277,6 @@ def shard(planned: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:
             "submodule; move its own parameters into one, or use --strategy ddp"
         )
     unit_paths = fsdp_unit_paths(model)
-    views: list[torch.nn.Module] = [planned]
-    for node in planned.graph.nodes:
-        runner = node.target
-        if isinstance(runner, SegmentRunner) and isinstance(runner.module, torch.nn.Module):
-            views.append(runner.module)
-    for view in views:
-        for name, child in model.named_children():
-            if hasattr(view, name):
-                setattr(view, name, child)
     for path in unit_paths:
         fully_shard(model.get_submodule(path))
     fully_shard(planned)

@@ -2,7 +2,10 @@
 
 The trainer hands every reporter the same plain records it writes to ``metrics.jsonl``
 (``{"kind": "step" | "epoch" | "event" | "summary", ...}``), so the screen, the log and the file
-never disagree. Sizes are ``*_bytes`` ints; they are formatted only here.
+never disagree. Sizes are ``*_bytes`` ints; they are formatted only here. Memory is measured on
+a sample of the steps (NOTE [Enforcing the budget] in :mod:`autockpt.training.step_memory`): a
+step record's ``peak_bytes`` is None when it was not, and the bars then show the last measured
+peak with the step it comes from.
 """
 
 from __future__ import annotations
@@ -104,6 +107,8 @@ class RichReporter:
         self._epochs: TaskID | None = None
         self._steps: TaskID | None = None
         self._steps_per_epoch = 0
+        self._last_peak: tuple[int, int] | None = None
+        """(step, peak bytes) of the last measured step."""
 
     def start(self, *, num_epochs: int, first_epoch: int, steps_per_epoch: int) -> None:
         self._steps_per_epoch = steps_per_epoch
@@ -115,10 +120,13 @@ class RichReporter:
 
     def step(self, record: Record) -> None:
         assert self._steps is not None, "start() comes first"
-        info = (
-            f"loss {record['loss']:.4f}  {record['samples_per_s']:,.0f} samples/s  "
-            f"peak {_share_text(record['peak_bytes'], record['budget_bytes'])}"
-        )
+        if record["peak_bytes"] is not None:
+            self._last_peak = (record["step"], record["peak_bytes"])
+        info = f"loss {record['loss']:.4f}  {record['samples_per_s']:,.0f} samples/s"
+        if self._last_peak is not None:
+            step, peak = self._last_peak
+            sampled = "" if step == record["step"] else f" (sampled at step {step})"
+            info += f"  peak {_share_text(peak, record['budget_bytes'])}{sampled}"
         if record["step_in_epoch"] == 1:
             self._progress.reset(self._steps, total=self._steps_per_epoch)
         self._progress.update(self._steps, completed=record["step_in_epoch"], info=info)
@@ -134,10 +142,16 @@ class RichReporter:
             else "no validation windows"
         )
         marker = "  [green]best[/green]" if record.get("improved") else ""
+        peak = record.get("peak_bytes")
+        peak_text = (
+            f"  peak {memory_text(peak, record.get('budget_bytes'))} "
+            f"({record['num_measured_steps']} steps measured)"
+            if peak is not None
+            else ""
+        )
         self._progress.console.print(
             f"epoch {record['epoch']}/{record['num_epochs']}  train {record['train_loss']:.4f}  "
-            f"{val_text}  peak {memory_text(record.get('peak_bytes'), record.get('budget_bytes'))}"
-            f"  {record['epoch_s']:.1f} s{marker}"
+            f"{val_text}{peak_text}  {record['epoch_s']:.1f} s{marker}"
         )
 
     def event(self, record: Record) -> None:
@@ -153,11 +167,15 @@ class RichReporter:
         table.add_row("steps", str(summary["global_step"]))
         if summary.get("best_val_loss") is not None:
             table.add_row("best validation loss", f"{summary['best_val_loss']:.4f}")
-        table.add_row(
-            "peak memory",
-            f"{memory_text(summary.get('peak_bytes'), summary.get('budget_bytes'))} "
-            f"({summary['memory_measure']})",
-        )
+        measure, peak = summary["memory_measure"], summary.get("peak_bytes")
+        if peak is None:
+            table.add_row("peak memory", measure)
+        else:
+            measured = f"{summary['num_measured_steps']} of {summary['global_step']} steps measured"
+            table.add_row(
+                "peak memory",
+                f"{memory_text(peak, summary.get('budget_bytes'))} ({measure}; {measured})",
+            )
         if summary.get("budget_bytes") is not None:
             within = (
                 summary["peak_bytes"] is not None

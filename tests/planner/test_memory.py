@@ -1,4 +1,5 @@
-"""MemoryTracker, tensors_of and RealSizeOracle: exact byte counts on tiny tensors and models."""
+"""MemoryTracker, tensors_of and RealSizeOracle: exact byte counts on tiny tensors and models,
+and against the independent counter of tests/oracle.py."""
 
 from collections.abc import Callable, Iterable
 
@@ -8,6 +9,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from autockpt.planner.memory import MemoryTracker, RealSizeOracle, tensors_of
+from tests.oracle import LiveBytes
 
 FLOAT_BYTES = 4
 
@@ -117,6 +119,43 @@ def test_fake_tensors_count_the_same_bytes_as_real_ones() -> None:
     assert real_after_bytes == (2 * num_parameters + 5 * 8) * FLOAT_BYTES
     assert real_peak_bytes > real_after_bytes
     assert fake == real
+
+
+@pytest.mark.parametrize(
+    ("make_model", "input_shape"),
+    [
+        (small_mlp, (5, 8)),
+        (lambda: nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16)), (7, 8)),
+    ],
+    ids=["linear-relu", "linear-gelu-layernorm"],
+)
+def test_the_tracker_counts_what_an_independent_counter_counts(make_model, input_shape) -> None:
+    # tests/oracle.py shares no code with the tracker: every op's outputs are seen by both
+    # (the tracker inside), so an op the tracker skips or mis-sizes shows up as a difference.
+    model = make_model()
+    x = torch.randn(input_shape)
+    counter = LiveBytes()
+    for tensor in [*model.parameters(), x]:
+        counter.hold(tensor)
+    with counter, MemoryTracker(initial=[*tensors_of(model), x]) as tracker:
+        model(x).sum().backward()
+    assert tracker.peak_bytes == counter.peak_bytes
+    # And both are what the shapes say, for the first model. The peak is ReLU's backward:
+    # the first Linear's output is already gone (ReLU saves its result, not its input), and
+    # the first Linear's weight gradient comes after the peak, once ReLU's input is freed.
+    if make_model is small_mlp:
+        hidden = 5 * 16 * FLOAT_BYTES  # one (5, 16) activation
+        expected = (
+            (8 * 16 + 16 + 16 * 4 + 4) * FLOAT_BYTES  # parameters
+            + 5 * 8 * FLOAT_BYTES  # the input
+            + hidden  # ReLU's output, saved by ReLU and the second Linear
+            + 4  # the loss
+            + 4  # backward's seed
+            + hidden  # the gradient of ReLU's output
+            + (16 * 4 + 4) * FLOAT_BYTES  # the second Linear's weight and bias gradients
+            + hidden  # the gradient of ReLU's input
+        )
+        assert counter.peak_bytes == expected == 2248
 
 
 def test_tensors_of_holds_parameters_gradients_buffers_and_adamw_state() -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.fx
+import torch.nn.functional as F
 
 from autockpt.errors import ConfigError
 from tft.config import PRESET_NAMES, TFTConfig, get_preset
+from tft.layers import PerVariableGRN, PerVariableLinear
 from tft.loss import QuantileLoss, quantile_loss
 from tft.model import TemporalFusionTransformer
 
@@ -94,6 +96,40 @@ def test_traced_graph_exposes_the_per_variable_grns_as_plain_ops(
         and "encoder_selection.variable_grns" in str(n.meta.get("nn_module_stack"))
     ]
     assert torch.bmm in {n.target for n in grn_ops}
+
+
+@pytest.mark.parametrize(("input_size", "output_size"), [(4, 16), (6, 6)])
+def test_fused_per_variable_grn_equals_a_grn_per_variable(
+    input_size: int, output_size: int
+) -> None:
+    """NOTE [Fused per-variable GRN]: the batched layout against equations (2)-(4) written for
+    one variable at a time with ``F.linear`` and ``F.glu``, outputs and every gradient."""
+    num_vars, rows = 5, 7
+    grn = PerVariableGRN(num_vars, input_size, input_size, output_size, dropout=0.0)
+    for parameter in (grn.norm_weight, grn.norm_bias):  # not the initial ones and zeros
+        torch.nn.init.normal_(parameter)
+    x = torch.randn(num_vars, rows, input_size, requires_grad=True)
+
+    def linear(layer: PerVariableLinear, v: int, value: torch.Tensor) -> torch.Tensor:
+        return F.linear(value, layer.weight[v].t(), layer.bias[v, 0])
+
+    def one_variable(v: int) -> torch.Tensor:
+        residual = x[v] if grn.skip is None else linear(grn.skip, v, x[v])
+        hidden = linear(grn.fc2, v, F.elu(linear(grn.fc1, v, x[v])))
+        gated = F.glu(linear(grn.gate, v, hidden), dim=-1)
+        return F.layer_norm(
+            residual + gated, (output_size,), grn.norm_weight[v, 0], grn.norm_bias[v, 0]
+        )
+
+    fused = grn(x)  # (V, N, out)
+    looped = torch.stack([one_variable(v) for v in range(num_vars)])
+    torch.testing.assert_close(fused, looped)
+    upstream = torch.randn_like(fused)
+    wrt = [x, *grn.parameters()]
+    fused_grads = torch.autograd.grad(fused, wrt, upstream)
+    looped_grads = torch.autograd.grad(looped, wrt, upstream)
+    for fused_grad, looped_grad in zip(fused_grads, looped_grads, strict=True):
+        torch.testing.assert_close(fused_grad, looped_grad)
 
 
 def test_same_seed_gives_the_same_model_and_the_same_output(tiny_config: TFTConfig) -> None:

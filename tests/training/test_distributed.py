@@ -7,6 +7,7 @@ several tests read them: one epoch, then a resume for the second epoch on two ra
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import socket
 import subprocess
@@ -143,6 +144,7 @@ def test_a_run_of_two_ranks_is_not_resumed_on_one(
     assert main(["train", "--resume", str(ddp), "--epochs", "3", "--quiet"]) == 2
     error = capsys.readouterr().err
     assert "trained on 2 rank(s)" in error and "this run has 1" in error
+    assert error.count("\n") == 1 and error.endswith("\n")
 
 
 # ---------------------------------------------------------------------------- FSDP
@@ -214,9 +216,13 @@ def test_an_fsdp_checkpoint_loads_into_the_plain_model(fsdp_run: tuple[Path, lis
 
 def test_a_strategy_needs_several_ranks(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "--preset", "tiny", "--strategy", "fsdp", "--quiet"]) == 2
-    assert "--strategy fsdp needs several ranks" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "--strategy fsdp needs several ranks" in error
+    assert error.count("\n") == 1 and error.endswith("\n")
     assert main(["plan", "--preset", "tiny", "--strategy", "fsdp", "--quiet"]) == 2
-    assert "--world-size N" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "--world-size N" in error
+    assert error.count("\n") == 1 and error.endswith("\n")
 
 
 # ---------------------------------------------------------------------------- the parts
@@ -245,23 +251,37 @@ def test_rank_slices_are_disjoint_and_cover_the_batch(size: int) -> None:
 
 def test_gradients_are_synchronised_on_the_last_micro_batch_only() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 1))
+    plain = copy.deepcopy(model)
     plan = Plan.model_construct(num_micro_batches=4)  # training_step reads only this field
-    inputs, targets = (torch.randn(12, 5),), (torch.randn(12, 1),)
-    entered: list[int] = []
+    # 13 samples in 4 pieces (4, 3, 3, 3): each piece's mean loss is weighted by its share.
+    inputs, targets = (torch.randn(13, 5),), (torch.randn(13, 1),)
+    # DDP all-reduces in the backward of a piece run outside no_sync: record, per piece, whether
+    # its forward and its backward ran inside the stub.
+    inside = [False]
+    forwards: list[bool] = []
+    backwards: list[bool] = []
 
     @contextlib.contextmanager
     def no_sync() -> Iterator[None]:
-        entered.append(1)
-        yield
+        inside[0] = True
+        try:
+            yield
+        finally:
+            inside[0] = False
 
-    reference = training_step(model, plan, inputs, targets, torch.nn.functional.mse_loss)
-    expected = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
+    model.register_forward_hook(lambda *_: forwards.append(inside[0]))
+    model[0].weight.register_hook(lambda grad: backwards.append(inside[0]))  # in backward
     loss = training_step(
         model, plan, inputs, targets, torch.nn.functional.mse_loss, no_sync=no_sync
     )
-    assert len(entered) == plan.num_micro_batches - 1
-    assert torch.equal(loss, reference)
-    for name, parameter in model.named_parameters():
-        assert parameter.grad is not None
-        assert torch.equal(parameter.grad, expected[name])
+    deferred = [True] * (plan.num_micro_batches - 1) + [False]
+    assert forwards == deferred and backwards == deferred
+    # The accumulated gradients are those of one plain pass over the whole batch.
+    want_loss = torch.nn.functional.mse_loss(plain(*inputs), *targets)
+    want_loss.backward()
+    torch.testing.assert_close(loss, want_loss.detach())
+    for (name, parameter), reference in zip(
+        model.named_parameters(), plain.parameters(), strict=True
+    ):
+        assert parameter.grad is not None and reference.grad is not None
+        torch.testing.assert_close(parameter.grad, reference.grad, msg=name)

@@ -1,0 +1,295 @@
+"""Planted bugs: each one, applied to a copy of the project, must make the tests that back it fail.
+
+A test that cannot fail proves nothing, so this script plants small bugs of the kinds the
+README's claims rule out (a memory tracker blind to an op, a BatchNorm model split into
+micro-batches, DDP's gradient sync on the wrong piece, a units slip, dropout masks not replayed
+by a recompute, ...), runs the tests that back the claim on each, and prints caught or MISSED.
+Run it from the repository root after changing the planner, the trainer or those tests:
+
+    python3 tests/mutations.py             # every planted bug (about 10 minutes on 2 cores)
+    python3 tests/mutations.py units rng   # some of them, by name
+    python3 tests/mutations.py --list
+
+It exits 1 when a planted bug is missed, when its text is no longer in the source (update the
+bug), or when the chosen tests fail without any bug (the control run). pytest does not collect
+this file: its name does not start with ``test_``.
+
+NOTE [Running the copy]
+The package is installed in editable mode from the original checkout, so ``import autockpt``
+could reach the original instead of the copy. The tests run as ``python -m pytest`` with the
+copy as the working directory and on ``PYTHONPATH``, which put it at the front of ``sys.path``,
+ahead of the editable install's finder; the script checks where ``autockpt``, ``tft`` and
+``tests`` are imported from before it plants anything, and the first planted bug (``canary``)
+is one no test can miss. Bytecode is not written (``PYTHONDONTWRITEBYTECODE``), so a file
+restored within the same second is never read from a stale cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+#: Not copied: version control, caches and build metadata.
+IGNORED = (".git", "__pycache__", "*.egg-info", ".mypy_cache", ".ruff_cache", ".pytest_cache")
+#: Seconds one run of the tests may take before it counts as an error.
+TIMEOUT_S = 1800
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """A planted bug: ``old`` replaced by ``new`` in ``path``, caught by ``tests``."""
+
+    name: str
+    why: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTATIONS = (
+    Mutation(
+        "canary",
+        "training_step() raises: proves the copy is the package under test",
+        "autockpt/planner/step.py",
+        "    pieces = max(plan.num_micro_batches, 1) if plan is not None else 1",
+        '    raise RuntimeError("planted")',
+        ("tests/planner/test_memory_oracle.py::test_mlp_nothing_recomputed",),
+    ),
+    Mutation(
+        "tracker-blind-to-addmm",
+        "the planner's tracker misses every aten.addmm output (Linear layers)",
+        "autockpt/planner/memory.py",
+        "if id(tensor.untyped_storage()) not in input_storages:",
+        "if id(tensor.untyped_storage()) not in input_storages and func is not "
+        "torch.ops.aten.addmm.default:",
+        (
+            "tests/planner/test_memory.py",
+            "tests/planner/test_memory_oracle.py",
+            "tests/planner/test_plan.py::test_measured_peak_stays_under_budget_and_equals_prediction",
+        ),
+    ),
+    Mutation(
+        "separability-forced",
+        "the whole step is declared batch-separable: a BatchNorm model may be micro-batched",
+        "autockpt/planner/separable.py",
+        '    """Whether the step separates: the loss reduction that makes it, or None and why not."""',
+        '    """Whether the step separates: the loss reduction that makes it, or None and why not."""'
+        '\n    return "mean", ""',
+        ("tests/planner/test_plan.py::test_batchnorm_model_is_never_split_into_micro_batches",),
+    ),
+    Mutation(
+        "ddp-sync-on-first-piece",
+        "DDP's gradient all-reduce runs with the first micro-batch instead of the last",
+        "autockpt/planner/step.py",
+        "last = index == pieces - 1",
+        "last = index == 0",
+        (
+            "tests/training/test_distributed.py::test_gradients_are_synchronised_on_the_last_micro_batch_only",
+        ),
+    ),
+    Mutation(
+        "micro-batch-weights-equal",
+        "each micro-batch's mean loss weighted 1/pieces, not by its share of the batch",
+        "autockpt/planner/step.py",
+        'weight = sizes[index] / batch if loss_reduction == "mean" else 1.0',
+        'weight = 1 / pieces if loss_reduction == "mean" else 1.0',
+        (
+            "tests/training/test_distributed.py::test_gradients_are_synchronised_on_the_last_micro_batch_only",
+        ),
+    ),
+    Mutation(
+        "units",
+        "GB read as 2**30 bytes (GiB)",
+        "autockpt/planner/units.py",
+        '"gb": 10**9,',
+        '"gb": 2**30,',
+        ("tests/planner/test_units.py",),
+    ),
+    Mutation(
+        "rng-not-preserved",
+        "a recomputed segment draws new dropout masks instead of replaying the forward's",
+        "autockpt/planner/segmented.py",
+        "            preserve_rng_state=True,\n            context_fn=self._contexts,",
+        "            preserve_rng_state=False,\n            context_fn=self._contexts,",
+        (
+            "tests/planner/test_plan.py::"
+            "test_plain_recompute_keeps_loss_and_every_gradient_with_dropout_on[all-mlp]",
+            "tests/planner/test_plan.py::"
+            "test_plain_recompute_keeps_loss_and_every_gradient_with_dropout_on[all-tft-tiny]",
+        ),
+    ),
+    Mutation(
+        "optimizer-state-halved",
+        "one of AdamW's two moments is left out of the tensors a step starts with",
+        "autockpt/planner/memory.py",
+        "tensors.extend(v for v in state.values() if isinstance(v, torch.Tensor))",
+        "tensors.extend([v for v in state.values() if isinstance(v, torch.Tensor)][::2])",
+        ("tests/planner/test_memory_oracle.py",),
+    ),
+    Mutation(
+        "within-budget-without-budget",
+        "a run without a budget reports within_budget: true",
+        "autockpt/training/train.py",
+        '"within_budget": None',
+        '"within_budget": True',
+        ("tests/cli/test_cli.py::test_three_step_train_on_the_sample",),
+    ),
+    Mutation(
+        "usage-block",
+        "argparse's own errors print the whole usage block again",
+        "autockpt/cli/parser.py",
+        "    def error(self, message: str) -> NoReturn:",
+        "    def _error(self, message: str) -> NoReturn:",
+        ("tests/cli/test_cli.py::test_usage_errors_are_one_line_naming_the_help",),
+    ),
+    Mutation(
+        "validation-mae-per-window",
+        "validation MAE divided by windows instead of values",
+        "autockpt/training/evaluate.py",
+        'mae=totals["abs"] / num_values,',
+        'mae=totals["abs"] / num_windows,',
+        ("tests/training/test_train.py::test_validation_metrics_are_those_of_best_pt",),
+    ),
+    Mutation(
+        "resume-without-rng",
+        "a resumed run does not restore the random streams (dropout masks drift)",
+        "autockpt/training/train.py",
+        "        restore_random_states(checkpoint, self.world.rank)",
+        "        pass",
+        (
+            "tests/training/test_train.py::"
+            "test_resume_is_exact_with_recompute_chunks_micro_batches_and_a_replan",
+        ),
+    ),
+)
+
+
+def copy_repo(destination: Path) -> Path:
+    """The working tree (uncommitted changes included) in ``destination/repo``."""
+    target = destination / "repo"
+    shutil.copytree(REPO, target, ignore=shutil.ignore_patterns(*IGNORED))
+    return target
+
+
+def environment(copy: Path) -> dict[str, str]:
+    """The environment the tests run in (NOTE [Running the copy])."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(copy), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["OMP_NUM_THREADS"] = "1"
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    return env
+
+
+def check_imports_from(copy: Path) -> None:
+    """Fail unless ``autockpt``, ``tft`` and ``tests`` import from the copy."""
+    probe = "import autockpt, tft, tests; print(autockpt.__file__, tft.__file__, tests.__file__)"
+    found = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=copy,
+        env=environment(copy),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    outside = [path for path in found if not Path(path).resolve().is_relative_to(copy.resolve())]
+    if outside:
+        raise SystemExit(f"the copy's packages are not the ones imported: {outside}")
+
+
+def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[int, str]:
+    """pytest on ``tests`` in the copy, slow tests included; (exit code, last lines)."""
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+    command += ["-m", "not gpu", *tests]
+    try:
+        result = subprocess.run(
+            command,
+            cwd=copy,
+            env=environment(copy),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return -1, f"timed out after {TIMEOUT_S} s"
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    failures = [line for line in lines if line.startswith(("E ", "FAILED", "ERROR"))]
+    return result.returncode, "\n".join([*failures[:3], *lines[-1:]])
+
+
+def plant(copy: Path, mutation: Mutation) -> str | None:
+    """Apply ``mutation`` in the copy; returns the original text, or None when stale."""
+    path = copy / mutation.path
+    original = path.read_text()
+    if original.count(mutation.old) != 1:
+        return None
+    path.write_text(original.replace(mutation.old, mutation.new))
+    return original
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="planted bugs to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the planted bugs and exit")
+    parser.add_argument(
+        "--no-control", action="store_true", help="skip the run of the tests without any bug"
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="show how each caught bug failed the tests too"
+    )
+    args = parser.parse_args(argv)
+    if args.list:
+        for mutation in MUTATIONS:
+            print(f"{mutation.name:30} {mutation.path:32} {mutation.why}")
+        return 0
+    unknown = set(args.names) - {m.name for m in MUTATIONS}
+    if unknown:
+        parser.error(f"no planted bug named {', '.join(sorted(unknown))}; see --list")
+    chosen = [m for m in MUTATIONS if not args.names or m.name in args.names]
+    with tempfile.TemporaryDirectory(prefix="autockpt-mutations-") as scratch:
+        copy = copy_repo(Path(scratch))
+        check_imports_from(copy)
+        if not args.no_control:
+            tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests if m.name != "canary"))
+            code, tail = run_tests(copy, tests)
+            if code != 0:
+                print(f"control run failed without any planted bug (exit {code}):\n{tail}")
+                return 1
+            print(f"control: {len(tests)} test selections pass without a planted bug")
+        rows, ok = [], True
+        for mutation in chosen:
+            started = time.perf_counter()
+            original = plant(copy, mutation)
+            if original is None:
+                verdict, tail = "STALE", f"the text to replace is not once in {mutation.path}"
+            else:
+                try:
+                    code, tail = run_tests(copy, mutation.tests)
+                finally:
+                    (copy / mutation.path).write_text(original)
+                # pytest exits 1 when a test failed; 0 means the bug went unnoticed, and
+                # anything else (no tests collected, usage error, timeout) proves nothing.
+                verdict = {0: "MISSED", 1: "caught"}.get(code, f"ERROR {code}")
+            ok = ok and verdict == "caught"
+            seconds = time.perf_counter() - started
+            rows.append((mutation.name, verdict, seconds))
+            print(f"{mutation.name:30} {verdict:8} {seconds:6.0f} s  {mutation.why}", flush=True)
+            if verdict != "caught" or args.verbose:
+                print("    " + tail.replace("\n", "\n    "))
+    caught = sum(verdict == "caught" for _, verdict, _ in rows)
+    print(f"{caught} of {len(rows)} planted bugs caught")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,159 @@
+"""Which training steps are measured (NOTE [Enforcing the budget]), and what a measured one does.
+
+The meter is driven with a small MLP and its real plan: the schedule (the first steps after a
+plan and after a change of shapes, then every Nth), no tracker at all without a budget. The
+trainer test checks that a step measured only because the schedule sampled it still re-plans
+when it is over the budget, and that the steps between samples are recorded as not measured.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import autockpt
+from autockpt.planner.memory import MemoryTracker
+from autockpt.training import step_memory
+from autockpt.training.config import TrainConfig
+from autockpt.training.prepare import prepare
+from autockpt.training.progress import JsonLinesReporter
+from autockpt.training.runs import RunFolder
+from autockpt.training.settings import SAMPLE_DATA
+from autockpt.training.step_memory import STEPS_MEASURED_AFTER_CHANGE, StepMemoryMeter
+from autockpt.training.train import Trainer
+from tests.helpers import MLPStack
+from tft.data import Batch
+
+
+class CountingTracker(MemoryTracker):
+    """A MemoryTracker that counts how often one is made (one per measured CPU step)."""
+
+    made = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        type(self).made += 1
+        super().__init__(*args, **kwargs)
+
+
+@pytest.fixture
+def counting_tracker(monkeypatch: pytest.MonkeyPatch) -> type[CountingTracker]:
+    monkeypatch.setattr(CountingTracker, "made", 0)
+    monkeypatch.setattr(step_memory, "MemoryTracker", CountingTracker)
+    return CountingTracker
+
+
+@pytest.fixture(scope="module")
+def mlp_and_plan() -> tuple[torch.nn.Module, autockpt.Plan]:
+    model = MLPStack(16, 2, 0.0)
+    return model, autockpt.plan(model, (torch.randn(4, 16),), 10**9, verify=False)
+
+
+def make_meter(
+    mlp_and_plan: tuple[torch.nn.Module, autockpt.Plan], *, budget_bytes: int | None
+) -> StepMemoryMeter:
+    model, plan = mlp_and_plan
+    optimizer = torch.optim.AdamW(model.parameters())
+    return StepMemoryMeter(
+        torch.device("cpu"),
+        model,
+        optimizer,
+        plan,
+        parallelism="single",
+        budget_bytes=budget_bytes,
+        check_every=5,
+    )
+
+
+def run_steps(meter: StepMemoryMeter, steps: range, *, batch: int = 4) -> dict[int, int | None]:
+    """Run ``steps`` (global step numbers) of the MLP through ``meter``; their peaks."""
+    x, target = torch.randn(batch, 16), torch.randn(batch, 1)
+    peaks = {}
+    for step in steps:
+        with meter.measure((x,), target, step=step) as reading:
+            (meter.model(x) - target).square().mean().backward()
+            meter.optimizer.step()
+            meter.optimizer.zero_grad(set_to_none=True)
+        assert reading.measured == (reading.peak_bytes is not None)
+        peaks[step] = reading.peak_bytes
+    return peaks
+
+
+def measured(peaks: dict[int, int | None]) -> list[int]:
+    return [step for step, peak in peaks.items() if peak is not None]
+
+
+def test_first_steps_after_a_plan_or_a_shape_change_then_every_nth(
+    mlp_and_plan: tuple[torch.nn.Module, autockpt.Plan], counting_tracker: type[CountingTracker]
+) -> None:
+    assert STEPS_MEASURED_AFTER_CHANGE == 2
+    meter = make_meter(mlp_and_plan, budget_bytes=10**9)
+    peaks = run_steps(meter, range(1, 13))
+    assert measured(peaks) == [1, 2, 5, 10]
+    assert all(peak is not None and peak > 0 for step, peak in peaks.items() if step in (1, 2))
+    meter.use_plan(mlp_and_plan[1])  # a re-plan: its first steps are measured again
+    assert measured(run_steps(meter, range(13, 17))) == [13, 14, 15]
+    # A batch of another shape is measured as a new start, then the old shape again too.
+    assert measured(run_steps(meter, range(17, 19), batch=3)) == [17, 18]
+    assert measured(run_steps(meter, range(19, 23))) == [19, 20]
+    assert counting_tracker.made == 4 + 3 + 2 + 2
+
+
+def test_nothing_is_tracked_without_a_budget(
+    mlp_and_plan: tuple[torch.nn.Module, autockpt.Plan], counting_tracker: type[CountingTracker]
+) -> None:
+    meter = make_meter(mlp_and_plan, budget_bytes=None)
+    peaks = run_steps(meter, range(1, 12))
+    meter.use_plan(mlp_and_plan[1])
+    peaks |= run_steps(meter, range(12, 14), batch=3)
+    assert measured(peaks) == []
+    assert counting_tracker.made == 0
+    assert not meter.measures_anything
+    assert "no budget" in meter.description
+
+
+@pytest.mark.slow
+def test_a_sampled_step_over_the_budget_re_plans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = TrainConfig(
+        data=SAMPLE_DATA, preset="tiny", vram_budget="1GB", memory_check_every=4, batch_size=8
+    )
+    trainer = Trainer(
+        prepare(config), RunFolder.create(tmp_path / "run"), JsonLinesReporter(io.StringIO())
+    )
+    budget = 10**9
+    over_at = {4}  # not among the first steps after the plan: measured because it is sampled
+
+    class OverAtSampledStep(MemoryTracker):
+        def __exit__(self, *exc: object) -> None:
+            super().__exit__(*exc)
+            if trainer.state.global_step + 1 in over_at:
+                self.peak_bytes = budget + 1
+
+    replans: list[int] = []
+
+    def record_replan(self: Trainer, budget_bytes: int, *, reason: str) -> None:
+        replans.append(self.state.global_step)
+        assert budget_bytes == int(budget * 0.9) and "over the budget" in reason
+        self.meter.use_plan(self.plan)
+
+    monkeypatch.setattr(step_memory, "MemoryTracker", OverAtSampledStep)
+    monkeypatch.setattr(Trainer, "replan", record_replan)
+    batch: Batch = trainer.setup.data.train.batch(torch.arange(8).numpy())
+    records = [trainer.train_step(batch, epoch=1, step_in_epoch=i) for i in range(1, 8)]
+    assert [r["peak_measured"] for r in records] == [True, True, False, True, True, True, False]
+    assert [r["peak_bytes"] is None for r in records] == [
+        False,
+        False,
+        True,
+        False,
+        False,
+        False,
+        True,
+    ]
+    assert replans == [4]
+    assert records[3]["peak_bytes"] == budget + 1
