@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from autockpt.planner.measure import StepProfile
 from autockpt.planner.module_chain import ModuleChain
-from autockpt.planner.segmented import SegmentAction
+from autockpt.planner.segmented import KEEP, SegmentAction
 from autockpt.planner.separable import Separability
 from autockpt.planner.solve import Chain, Option, Solution
 from autockpt.planner.timing import Cost, StepCosts
@@ -254,6 +254,17 @@ class ChainBuilder:
                 )
             )
         return options
+
+    def kept_decision(self) -> Decision:
+        """The plain step: every segment kept, one piece."""
+        segments = list(self.traced.segments)
+        return Decision(
+            segments=segments,
+            actions=[KEEP] * len(segments),
+            reasons=["keep"] * len(segments),
+            num_micro_batches=1,
+            spans=[(i, i + 1) for i in range(len(segments))],
+        )
 
     def decode(
         self,

@@ -79,8 +79,10 @@ def _split_clause(
     micro_batches_tried: bool,
     lowest: tuple[Decision, StepProfile] | None,
 ) -> str:
-    if micro_batches_tried and lowest is not None and lowest[0].num_micro_batches > 1:
-        return f"the lowest plan already runs {lowest[0].num_micro_batches} micro-batches"
+    if micro_batches_tried and lowest is not None:
+        if lowest[0].num_micro_batches > 1:
+            return f"the lowest plan already runs {lowest[0].num_micro_batches} micro-batches"
+        return "micro-batches do not lower it"
     if separability is None:
         return "the batch was not split"
     if separability.micro_batchable and not micro_batches_tried:

@@ -112,8 +112,10 @@ class BudgetSearch:
     ) -> tuple[Decision, StepProfile] | None:
         """Last resort: the lowest-peak choice at each micro-batch count, measured; the first
         that fits. Also records the lowest measured peak, a budget planning is sure to meet:
-        the chain model's own minimum can be optimistic, or pessimistic."""
-        for lowest in self.lowest_peak_decisions():
+        the chain model's own minimum can be optimistic, or pessimistic. The plain step is a
+        candidate too: where recompute and chunks add more than they save (parameters dominate,
+        in-place writes forbid the cuts that would help), nothing lower exists."""
+        for lowest in [self.builder.kept_decision(), *self.lowest_peak_decisions()]:
             candidate = self.measure(lowest)
             if (
                 self.lowest_measured_bytes is None

@@ -111,3 +111,21 @@ def test_the_batch_lever_comes_from_the_measured_per_sample_part(budget_mib, lev
     )
     assert lever in str(error)
     assert error.minimum_bytes == 100 * mib
+
+
+def test_the_minimum_is_never_above_the_plain_step_when_nothing_lowers_it():
+    # Parameters and gradients dominate and in-place ReLUs keep little for backward: every
+    # recompute or chunk adds more than it saves. The plain step is then the lowest plan, and
+    # a budget just under it must be refused with the plain step's peak as the minimum (once
+    # reported 12% above it, from the lowest recomputing plan), and a true reason.
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        *[nn.Sequential(nn.Linear(512, 512), nn.ReLU(inplace=True)) for _ in range(8)]
+    )
+    inputs = (torch.randn(256, 512),)
+    unplanned = autockpt.plan(model, inputs, 10**12, optimizer=None).unplanned_peak_bytes
+    with pytest.raises(autockpt.InfeasibleBudgetError) as refused:
+        autockpt.plan(model, inputs, unplanned - 1, optimizer=None)
+    assert unplanned - 1 < refused.value.minimum_bytes <= unplanned + 1024
+    assert "micro-batches do not lower it" in str(refused.value)
+    assert "; , so" not in str(refused.value)
