@@ -3,10 +3,13 @@
 A test that cannot fail proves nothing, so this script plants small bugs of the kinds the
 README's claims rule out (a memory tracker blind to an op, a BatchNorm model split into
 micro-batches, DDP's gradient sync on the wrong piece, a units slip, dropout masks not replayed
-by a recompute, ...), runs the tests that back the claim on each, and prints caught or MISSED.
+by a recompute, ...), runs the README's test command on each (or, with ``--quick``, only the
+tests named for the claim), and prints caught or MISSED.
 Run it from the repository root after changing the planner, the trainer or those tests:
 
-    python3 tests/mutations.py             # every planted bug (about 10 minutes on 2 cores)
+    python3 tests/mutations.py             # every planted bug, each under the README's test
+                                           # command (up to 2 minutes a bug on 2 cores)
+    python3 tests/mutations.py --quick     # each under the tests named for it (3 minutes in all)
     python3 tests/mutations.py units rng   # some of them, by name
     python3 tests/mutations.py --list
 
@@ -152,6 +155,33 @@ MUTATIONS = (
         ("tests/cli/test_cli.py::test_usage_errors_are_one_line_naming_the_help",),
     ),
     Mutation(
+        "views-counted-as-new",
+        "the tracker keys storages by tensor, so every view of a live storage counts again",
+        "autockpt/planner/memory.py",
+        "        key = id(storage)\n        if key in self._live:",
+        "        key = id(tensor)\n        if key in self._live:",
+        ("tests/planner/test_memory.py",),
+    ),
+    Mutation(
+        "chunk-off-by-one",
+        "each chunk of a chunked segment takes the next chunk's samples, the last one twice",
+        "autockpt/planner/segmented.py",
+        "parts[chunk] if parts is not None else value",
+        "parts[min(chunk + 1, num_chunks - 1)] if parts is not None else value",
+        (
+            "tests/planner/test_plan.py::"
+            "test_chunks_and_micro_batches_keep_gradients_with_dropout_off[mlp]",
+        ),
+    ),
+    Mutation(
+        "batchnorm-updated-twice",
+        "a recomputed segment's BatchNorm running statistics are not put back after recompute",
+        "autockpt/planner/segmented.py",
+        "                buffer.copy_(value)",
+        "                pass",
+        ("tests/planner/test_plan.py::test_batchnorm_statistics_update_once_under_recompute",),
+    ),
+    Mutation(
         "validation-mae-per-window",
         "validation MAE divided by windows instead of values",
         "autockpt/training/evaluate.py",
@@ -166,6 +196,7 @@ MUTATIONS = (
         "        restore_random_states(checkpoint, self.world.rank)",
         "        pass",
         (
+            "tests/training/test_train.py::test_resume_continues_exactly",
             "tests/training/test_train.py::"
             "test_resume_is_exact_with_recompute_chunks_micro_batches_and_a_replan",
         ),
@@ -208,9 +239,12 @@ def check_imports_from(copy: Path) -> None:
 
 
 def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[int, str]:
-    """pytest on ``tests`` in the copy, slow tests included; (exit code, last lines)."""
+    """pytest in the copy: on ``tests``, slow ones included, or with none given the README's
+    test command (slow and GPU tests left out); stops at the first failure. (exit code, last
+    lines)."""
     command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
-    command += ["-m", "not gpu", *tests]
+    if tests:
+        command += ["-m", "not gpu", *tests]
     try:
         result = subprocess.run(
             command,
@@ -247,6 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--verbose", action="store_true", help="show how each caught bug failed the tests too"
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="run only the tests named for each bug (slow ones included), not the README's "
+        "test command",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for mutation in MUTATIONS:
@@ -260,12 +300,16 @@ def main(argv: list[str] | None = None) -> int:
         copy = copy_repo(Path(scratch))
         check_imports_from(copy)
         if not args.no_control:
-            tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests if m.name != "canary"))
+            tests: tuple[str, ...] = ()
+            if args.quick:
+                named = (t for m in chosen for t in m.tests if m.name != "canary")
+                tests = tuple(dict.fromkeys(named))
             code, tail = run_tests(copy, tests)
             if code != 0:
                 print(f"control run failed without any planted bug (exit {code}):\n{tail}")
                 return 1
-            print(f"control: {len(tests)} test selections pass without a planted bug")
+            what = f"{len(tests)} test selections" if tests else "the README's test command"
+            print(f"control: {what} passes without a planted bug", flush=True)
         rows, ok = [], True
         for mutation in chosen:
             started = time.perf_counter()
@@ -274,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                 verdict, tail = "STALE", f"the text to replace is not once in {mutation.path}"
             else:
                 try:
-                    code, tail = run_tests(copy, mutation.tests)
+                    code, tail = run_tests(copy, mutation.tests if args.quick else ())
                 finally:
                     (copy / mutation.path).write_text(original)
                 # pytest exits 1 when a test failed; 0 means the bug went unnoticed, and

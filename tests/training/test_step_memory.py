@@ -26,6 +26,7 @@ from autockpt.training.settings import SAMPLE_DATA
 from autockpt.training.step_memory import STEPS_MEASURED_AFTER_CHANGE, StepMemoryMeter
 from autockpt.training.train import Trainer
 from tests.helpers import MLPStack
+from tests.oracle import LiveBytes, starting_tensors
 from tft.data import Batch
 
 
@@ -157,3 +158,28 @@ def test_a_sampled_step_over_the_budget_re_plans(
     ]
     assert replans == [4]
     assert records[3]["peak_bytes"] == budget + 1
+
+
+def test_a_trainer_step_under_a_budget_stays_under_it_by_an_independent_count(
+    tmp_path: Path,
+) -> None:
+    # The trainer's own measurement is the planner's tracker; here the same steps are also
+    # counted by the tests' counter (NOTE [Oracle counter]), which shares no code with it.
+    base = {"data": SAMPLE_DATA, "preset": "tiny", "batch_size": 8, "max_steps_per_epoch": 3}
+    unplanned = prepare(TrainConfig(**base)).plan
+    budget = (unplanned.unplanned_peak_bytes + unplanned.minimum_feasible_bytes) // 2
+    setup = prepare(TrainConfig(**base, vram_budget=str(budget), memory_check_every=1))
+    assert setup.plan.num_recomputed > 0 or setup.plan.num_micro_batches > 1
+    trainer = Trainer(setup, RunFolder.create(tmp_path / "run"), JsonLinesReporter(io.StringIO()))
+    batches = setup.data.train.batch(range(8)), setup.data.train.batch(range(8, 16))
+    trainer.train_step(batches[0], epoch=1, step_in_epoch=1)  # makes AdamW's state
+    counter = LiveBytes()
+    batch = batches[1]
+    for tensor in starting_tensors(trainer.model, trainer.optimizer, [*batch]):
+        counter.hold(tensor)
+    with counter:
+        record = trainer.train_step(batch, epoch=1, step_in_epoch=2)
+    assert record["peak_measured"] and record["budget_bytes"] == budget
+    assert counter.peak_bytes <= budget, f"counted {counter.peak_bytes} over {budget}"
+    assert abs(counter.peak_bytes - record["peak_bytes"]) <= 0.02 * counter.peak_bytes
+    assert trainer.state.num_replans == 0

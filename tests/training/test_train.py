@@ -151,7 +151,8 @@ def test_losses_equal_with_and_without_checkpointing(
     torch.testing.assert_close(weights[1], weights[0], rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.slow
+# Not slow (3 s on top of the shared plain run): the README's test command must catch a resume
+# that loses the random streams.
 def test_resume_continues_exactly(
     plain_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
