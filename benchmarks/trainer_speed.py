@@ -132,7 +132,9 @@ def main(argv: list[str] | None = None) -> None:
         free_setup = prepare(unlimited)
         budget = 2 * free_setup.plan.unplanned_peak_bytes
         budgeted_setup = prepare(unlimited.with_updates(vram_budget=str(budget)))
-        tuning = tune_host(free_setup)
+        tuning = tune_host(
+            free_setup.config, free_setup.device, free_setup.plan.unplanned_peak_bytes
+        )
         print(f"{preset}: {tuning.describe() if tuning else 'not on the CPU'}")
         for label, setup in (("none", free_setup), (f"{budget / 2**20:.1f} MiB", budgeted_setup)):
             for _ in range(args.repeats):

@@ -66,7 +66,10 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     config = _load_config(args)
     if args.world_size is not None and args.world_size < 1:
         raise ConfigError(f"--world-size {args.world_size} must be 1 or more")
-    setup = prepare(config, plan_world_size=args.world_size or 1)
+    # Tuned as a training run would be, so that the step times it prints are the run's.
+    setup = prepare(config, plan_world_size=args.world_size or 1, tune_host=True)
+    if setup.host_tuning is not None:
+        setup.host_tuning.restore()
     if config.quiet:
         print(setup.plan.model_dump_json())
     else:

@@ -196,6 +196,10 @@ def plan_one_process(
     else:
         strategy = "auto"
         regions = list(traced.region_segments)
+        if kept.peak_bytes <= usable_bytes:
+            # The plain step fits, so it is the plan (it adds no time): nothing to time. The
+            # search still runs, on estimates, for the minimum the plan reports.
+            builder.costs = estimated
 
         def measure_decision(decision: Decision) -> StepProfile:
             if decision.num_micro_batches == 1 and all(a == KEEP for a in decision.actions):

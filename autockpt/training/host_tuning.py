@@ -1,7 +1,10 @@
 """What the trainer changes about its own process on the CPU: torch's threads and malloc's reuse.
 
 :func:`tune_host` applies both settings when a CPU run starts and returns what it did, which the
-trainer logs as the run's first event (the README says the same).
+trainer logs as the run's first event (the README says the same). A run applies them before it
+plans for its budget (:func:`~autockpt.training.prepare.prepare` with ``tune_host=True``): on
+the CPU the planner times candidate plans on the real model (NOTE [Measured step time]), and
+what it times must be the process that trains, with its threads and its malloc.
 
 NOTE [Tuning the host process]
 Two settings of the process decide much of a CPU step's time, and neither is the model's.
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from autockpt.planner.units import format_bytes
-from autockpt.training.prepare import Setup
+from autockpt.training.config import TrainConfig
 
 #: Steps whose tensors (the plan's unplanned peak) take less than this run on one CPU thread.
 SMALL_STEP_BYTES = 256 * 2**20
@@ -72,12 +75,13 @@ class HostTuning:
         torch.set_num_threads(self.previous_threads)
 
 
-def tune_host(setup: Setup) -> HostTuning | None:
-    """Apply NOTE [Tuning the host process] for ``setup``'s run; None on a GPU (nothing set)."""
-    if setup.device.type != "cpu":
+def tune_host(config: TrainConfig, device: torch.device, step_bytes: int) -> HostTuning | None:
+    """Apply NOTE [Tuning the host process] for a run of ``config`` whose unplanned step takes
+    ``step_bytes``; None on a GPU (nothing set)."""
+    if device.type != "cpu":
         return None
     previous = torch.get_num_threads()
-    threads, reason = choose_threads(setup, default=previous)
+    threads, reason = choose_threads(config, step_bytes, default=previous)
     torch.set_num_threads(threads)
     return HostTuning(
         threads=threads,
@@ -87,11 +91,11 @@ def tune_host(setup: Setup) -> HostTuning | None:
     )
 
 
-def choose_threads(setup: Setup, *, default: int) -> tuple[int, str]:
-    """The run's CPU thread count and why, from the settings and the plan alone."""
-    if setup.config.cpu_threads is not None:
-        return setup.config.cpu_threads, "as --cpu-threads says"
-    step_bytes = setup.plan.unplanned_peak_bytes
+def choose_threads(config: TrainConfig, step_bytes: int, *, default: int) -> tuple[int, str]:
+    """The run's CPU thread count and why, from the settings and the unplanned step's bytes
+    alone."""
+    if config.cpu_threads is not None:
+        return config.cpu_threads, "as --cpu-threads says"
     if step_bytes < SMALL_STEP_BYTES and default > 1:
         return 1, (
             f"the step's tensors take {format_bytes(step_bytes)}, too little work per op for "

@@ -22,6 +22,8 @@ from autockpt.planner.sharding import Parallelism
 from autockpt.planner.units import Budget
 from autockpt.training.config import TrainConfig
 from autockpt.training.distributed import SINGLE_PROCESS, World, agree_on_plan, resolve_parallelism
+from autockpt.training.host_tuning import HostTuning
+from autockpt.training.host_tuning import tune_host as tune_process
 from autockpt.training.planning import make_plan
 from autockpt.training.settings import (
     QuantileLoss,
@@ -60,6 +62,9 @@ class Setup:
     """The ranks training together (NOTE [Distributed training]); one process by default."""
     parallelism: Parallelism = "single"
     """How the ranks share the model (``config.strategy`` resolved for the world's size)."""
+    host_tuning: HostTuning | None = None
+    """What was set about the process before planning (``prepare(..., tune_host=True)`` on
+    the CPU); the run logs it and puts the threads back when it ends."""
 
     @property
     def batch_size(self) -> int:
@@ -78,6 +83,7 @@ def prepare(
     normalizer: Normalizer | None = None,
     world: World = SINGLE_PROCESS,
     plan_world_size: int | None = None,
+    tune_host: bool = False,
 ) -> Setup:
     """Resolve the device, read the data, build the model and plan its training step.
 
@@ -88,6 +94,9 @@ def prepare(
             must be joined already, see :func:`autockpt.training.distributed.process_group`).
         plan_world_size: plan for one rank of this many instead of the world's (the ``plan``
             command's ``--world-size``, run in one process).
+        tune_host: on the CPU, set the process's threads and malloc as the run will train
+            before planning for the budget, so that the step times the planner measures are
+            the run's (NOTE [Tuning the host process]); the setup records what was set.
 
     Returns:
         The setup; nothing is written to disk.
@@ -136,21 +145,40 @@ def prepare(
     example = data.train.batch(np.arange(model_config.batch_size))
     example_inputs = tuple(t.to(device) for t in example.inputs())
     example_targets = (example.target.to(device),)
-    plan = agree_on_plan(
-        world,
-        lambda: make_plan(
-            model,
-            example_inputs,
-            example_targets,
-            budget,
-            loss_fn=loss_fn,
-            device=device,
-            config=config,
-            autocast_dtype=autocast_dtype,
-            world_size=num_ranks,
-            parallelism=parallelism,
-        ),
-    )
+
+    def planned(for_budget: Budget | None, settings: TrainConfig) -> Plan:
+        return agree_on_plan(
+            world,
+            lambda: make_plan(
+                model,
+                example_inputs,
+                example_targets,
+                for_budget,
+                loss_fn=loss_fn,
+                device=device,
+                config=settings,
+                autocast_dtype=autocast_dtype,
+                world_size=num_ranks,
+                parallelism=parallelism,
+            ),
+        )
+
+    host_tuning = None
+    if tune_host and device.type == "cpu":
+        # NOTE [Tuning the host process]: the process is tuned from the unplanned step's size
+        # (a plan without a limit times nothing), then plans for its budget as it will train.
+        forced = config.use_gradient_checkpointing is True
+        sizing_config = config.with_updates(use_gradient_checkpointing=None) if forced else config
+        sizing = planned(None, sizing_config)
+        host_tuning = tune_process(config, device, sizing.unplanned_peak_bytes)
+        try:
+            plan = sizing if budget is None and not forced else planned(budget, config)
+        except BaseException:
+            if host_tuning is not None:
+                host_tuning.restore()  # no run follows to put the threads back
+            raise
+    else:
+        plan = planned(budget, config)
     return Setup(
         config=config,
         device=device,
@@ -167,6 +195,7 @@ def prepare(
         notes=(note,) if note else (),
         world=world,
         parallelism=parallelism,
+        host_tuning=host_tuning,
     )
 
 

@@ -293,7 +293,7 @@ def start_run(config: TrainConfig, *, world: World = SINGLE_PROCESS) -> tuple[Se
     RunFolder.check_new(out)
     # Planning is collective (rank 0 sends the plan), so no rank creates the folder before
     # every rank has checked it.
-    setup = prepare(config, world=world)
+    setup = prepare(config, world=world, tune_host=True)
     if not world.is_main:
         return setup, RunFolder(out)
     run = RunFolder.create(out)
@@ -362,7 +362,9 @@ def resume_run(
             f"resume with --strategy {saved_parallelism}, or start a new run with --out"
         )
     try:
-        setup = prepare(config, normalizer=_saved_normalizer(run, checkpoint), world=world)
+        setup = prepare(
+            config, normalizer=_saved_normalizer(run, checkpoint), world=world, tune_host=True
+        )
     except DataError as error:
         raise RunError(f"cannot resume {run.path} on this data: {error}") from None
     check_compatible(

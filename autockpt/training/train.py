@@ -380,7 +380,9 @@ def train(
     On the CPU the process's threads and malloc are set for the run first and logged
     (NOTE [Tuning the host process] in :mod:`autockpt.training.host_tuning`).
     """
-    tuning = tune_host(setup)
+    tuning = setup.host_tuning
+    if tuning is None:  # a setup prepared without tuning: tuned now, after its planning
+        tuning = tune_host(setup.config, setup.device, setup.plan.unplanned_peak_bytes)
     try:
         trainer = Trainer(setup, run, reporter)
         if tuning is not None:

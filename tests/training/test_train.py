@@ -307,3 +307,33 @@ def test_devices_and_precisions_without_a_gpu() -> None:
     assert resolve_precision("bf16", torch.device("cpu")) == torch.bfloat16
     with pytest.raises(DeviceError, match="fp16 needs a CUDA GPU"):
         resolve_precision("fp16", torch.device("cpu"))
+
+
+def test_a_run_plans_in_the_process_it_trains_in(
+    plain_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NOTE [Tuning the host process]: a tiny step trains on one thread, so its plan must be
+    # timed on one thread too, not on the two the process started with.
+    from autockpt.planner import planning
+    from autockpt.planner.stopwatch import Stopwatch
+
+    timed_on: list[int] = []
+    original = planning.Stopwatch.plain_step
+
+    def record(self: Stopwatch, pieces: int = 1) -> object:
+        timed_on.append(self.threads)
+        return original(self, pieces)
+
+    monkeypatch.setattr(planning.Stopwatch, "plain_step", record)
+    budget = int(plan_of(plain_run).unplanned_peak_bytes * TIGHT_FRACTION)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        out = train(tmp_path / "tuned", "--vram-budget", str(budget), "--max-steps-per-epoch", "1")
+        assert torch.get_num_threads() == 2  # put back when the run ends
+    finally:
+        torch.set_num_threads(threads)
+    assert plan_of(out).num_recomputed > 0
+    assert timed_on and set(timed_on) == {1}
+    first = RunFolder(out).read_metrics()[0]
+    assert "1 torch thread(s)" in first["message"]
