@@ -104,13 +104,12 @@ class PlannedForward:
                 if module.training != flag
             ]
             differing = differing_argument(self.__signature__, self.constants, args, kwargs)
-            if not changed and differing is None:
-                return self.graph_module(*args, **kwargs)
             if changed:
                 self._warn_unplanned(changed)
-            else:
-                assert differing is not None
+            elif differing is not None:
                 self._warn_argument(*differing)
+            else:
+                return self.graph_module(*args, **kwargs)
         elif torch.is_grad_enabled() and any(
             child.training for child in self.tables["_modules"].values() if child is not None
         ):

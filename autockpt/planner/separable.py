@@ -199,6 +199,12 @@ def _probing() -> Iterator[None]:
         yield
 
 
+def _refused_probe_batch(num_segments: int, size: int, error: Exception) -> Separability:
+    """Nothing separable: the model did not run on a probe batch of ``size`` samples."""
+    reason = f"the model does not run on {size} samples ({type(error).__name__})"
+    return Separability.nothing(num_segments, reason)
+
+
 def _probe_module_runs(
     probe_model: torch.nn.Module, num_segments: int, runs: Sequence[Sequence[Any]]
 ) -> _Found | Separability:
@@ -208,8 +214,7 @@ def _probe_module_runs(
         try:
             outputs.append(probe_model(*run))
         except Exception as error:  # the model itself refuses a small batch
-            reason = f"the model does not run on {size} samples ({type(error).__name__})"
-            return Separability.nothing(num_segments, reason)
+            return _refused_probe_batch(num_segments, size, error)
     return [False] * num_segments, [()] * num_segments, [()] * num_segments, outputs
 
 
@@ -228,8 +233,7 @@ def _probe_segments(
         try:
             outputs.append(segmented(*run))
         except Exception as error:  # the model itself refuses a small batch
-            reason = f"the model does not run on {size} samples ({type(error).__name__})"
-            return Separability.nothing(num_segments, reason)
+            return _refused_probe_batch(num_segments, size, error)
         captures.append(capture.handed_over())
     first, second = captures
     chunkable, input_dims, output_dims = [], [], []
