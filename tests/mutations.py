@@ -201,6 +201,28 @@ MUTATIONS = (
             "test_resume_is_exact_with_recompute_chunks_micro_batches_and_a_replan",
         ),
     ),
+    Mutation(
+        "scaling-ignores-symbol",
+        "per-symbol scaling fits one scale over all symbols",
+        "tft/normalize.py",
+        "    if not per_symbol:\n",
+        "    if True:\n",
+        (
+            "tests/tft/test_categorical.py::"
+            "test_two_symbols_with_the_same_moves_30x_apart_get_the_same_inputs",
+        ),
+    ),
+    Mutation(
+        "unseen-category-is-a-category",
+        "a value the training rows never had gets a real category's code",
+        "tft/categories.py",
+        "index.fill_null(-1)",
+        "index.fill_null(0)",
+        (
+            "tests/tft/test_categorical.py::"
+            "test_a_value_the_training_rows_never_had_is_the_unknown_category",
+        ),
+    ),
 )
 
 

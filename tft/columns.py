@@ -11,6 +11,7 @@ the rows become windows is NOTE [Rows, windows and splits] in :mod:`tft.data`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -29,7 +30,12 @@ NO_SYMBOL = "default"
 
 
 class ColumnRoles(BaseModel):
-    """Which column of the file plays which part; see NOTE [Rows, windows and splits] (tft.data)."""
+    """Which column of the file plays which part; see NOTE [Rows, windows and splits] (tft.data).
+
+    A column is *real* (scaled and fed as a number) or *categorical* (fitted categories, each
+    embedded): string, dictionary and boolean columns are always categorical, integer columns
+    when listed in ``categorical``, every other number real.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -38,13 +44,32 @@ class ColumnRoles(BaseModel):
     symbol: str | None = None
     """Symbol column (string, dictionary or integer); None uses a column named "symbol" if any."""
     target: str = "close"
-    """Numeric column to forecast."""
+    """Numeric column to forecast (not boolean)."""
     target_transform: Literal["log_return", "diff", "none"] = "log_return"
-    """What the model forecasts: log returns of the target, differences, or the value itself."""
+    """What the model forecasts: log returns of the target, differences or the value itself."""
     known: list[str] = Field(default_factory=list)
-    """Numeric columns whose future values are known when forecasting (e.g. a holiday flag)."""
+    """Columns whose future values are known when forecasting (a holiday flag, the session)."""
     observed: list[str] | None = None
-    """Numeric past-only columns; None takes every numeric column not otherwise used."""
+    """Past-only columns; None takes every real or categorical column given no other role."""
+    static: list[str] | None = None
+    """Categorical columns constant within each symbol (the exchange, the asset class); None
+    takes every string column that is constant within every symbol and named nowhere else."""
+    categorical: list[str] = Field(default_factory=list)
+    """Integer-coded columns to treat as categories (string, dictionary and boolean columns
+    always are)."""
+    ignore: list[str] = Field(default_factory=list)
+    """Columns to leave out."""
+    scaling: Literal["per_symbol", "global"] = "per_symbol"
+    """Scale the target and the real inputs with each symbol's own statistics, or with one
+    mean and standard deviation over all symbols."""
+
+    def real_columns(self, names: list[str]) -> list[str]:
+        """The real columns among ``names`` (resolved roles), in order."""
+        return [name for name in names if name not in self.categorical]
+
+    def categorical_columns(self, names: list[str]) -> list[str]:
+        """The categorical columns among ``names`` (resolved roles), in order."""
+        return [name for name in names if name in self.categorical]
 
 
 # ---------------------------------------------------------------------------- reading
@@ -75,7 +100,13 @@ def _read_schema(path: Path) -> pa.Schema:
 
 
 def _is_numeric(kind: pa.DataType) -> bool:
-    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
 def _is_symbol_type(kind: pa.DataType) -> bool:
@@ -84,8 +115,32 @@ def _is_symbol_type(kind: pa.DataType) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind)
 
 
-def _resolve_roles(path: Path, schema: pa.Schema, roles: ColumnRoles) -> ColumnRoles:
-    """Check the roles against the file and fill in the automatic symbol and observed columns."""
+def _always_categorical(kind: pa.DataType) -> bool:
+    """Text, dictionary and boolean columns can only be categories."""
+    return _is_text(kind) or pa.types.is_dictionary(kind) or pa.types.is_boolean(kind)
+
+
+def _usable(kind: pa.DataType) -> bool:
+    return _is_numeric(kind) or _always_categorical(kind)
+
+
+def unusable_reason(kind: pa.DataType) -> str:
+    """Why a column of this type is left out when no role names it."""
+    return f"type {kind} is neither a number nor a category"
+
+
+ConstantWithinSymbols = Callable[[str, "str | None"], bool]
+"""``(column, symbol column) -> whether the column holds one value within each symbol``."""
+
+
+def _resolve_roles(
+    path: Path, schema: pa.Schema, roles: ColumnRoles, is_constant: ConstantWithinSymbols
+) -> ColumnRoles:
+    """Check the roles against the file and fill in every automatic role.
+
+    The result lists every column of every role (``observed``, ``static`` and ``categorical``
+    included), so resolving it again against the same file gives it back unchanged.
+    """
 
     def field(name: str, role: str, option: str) -> pa.Field:
         if name not in schema.names:
@@ -96,13 +151,13 @@ def _resolve_roles(path: Path, schema: pa.Schema, roles: ColumnRoles) -> ColumnR
             )
         return schema.field(name)
 
-    def numeric(name: str, role: str, option: str) -> None:
+    def usable(name: str, role: str, option: str) -> None:
         kind = field(name, role, option).type
-        if not _is_numeric(kind):
+        if not _usable(kind):
             raise _error(
                 path,
-                f"{role} column '{name}' has type {kind}, not a number; "
-                f"convert it to numbers or leave it out of ColumnRoles({option}=...)",
+                f"{role} column '{name}' has type {kind}, neither a number nor a category; "
+                f"convert it or leave it out of ColumnRoles({option}=...)",
             )
 
     if not pa.types.is_timestamp(field(roles.timestamp, "timestamp", "timestamp").type):
@@ -121,32 +176,98 @@ def _resolve_roles(path: Path, schema: pa.Schema, roles: ColumnRoles) -> ColumnR
         )
     if symbol is None and "symbol" in schema.names:
         symbol = "symbol" if _is_symbol_type(schema.field("symbol").type) else None
-    numeric(roles.target, "target", "target")
-    reserved = {roles.timestamp, symbol}
+    target_type = field(roles.target, "target", "target").type
+    if not _is_numeric(target_type):
+        raise _error(
+            path,
+            f"target column '{roles.target}' has type {target_type}, not a number; forecast a "
+            "numeric column (a price) with ColumnRoles(target=...)",
+        )
+    for name in roles.ignore:
+        field(name, "ignored", "ignore")
+    for name in roles.categorical:
+        kind = field(name, "categorical", "categorical").type
+        # A static column is a category whatever its type (the model has no static reals).
+        if not _usable(kind) or (pa.types.is_floating(kind) and name not in (roles.static or [])):
+            raise _error(
+                path,
+                f"categorical column '{name}' has type {kind}; only integer columns need naming "
+                "as categorical (text and booleans always are, and a float is a real input): "
+                "leave it out of ColumnRoles(categorical=...)",
+            )
+    reserved = {roles.timestamp, symbol, roles.target}
     for name in roles.known:
-        numeric(name, "known", "known")
+        usable(name, "known", "known")
+    named = reserved | set(roles.known) | set(roles.ignore) | set(roles.observed or [])
+    if roles.static is None:
+        free = [f.name for f in schema if f.name not in named and _is_text(f.type)]
+        static = [name for name in free if is_constant(name, symbol)]
+    else:
+        static = list(roles.static)
+        for name in static:
+            usable(name, "static", "static")
     if roles.observed is None:
-        taken = reserved | {roles.target, *roles.known}
-        observed = [f.name for f in schema if f.name not in taken and _is_numeric(f.type)]
+        taken = named | set(static)
+        observed = [f.name for f in schema if f.name not in taken and _usable(f.type)]
     else:
         observed = list(roles.observed)
         for name in observed:
-            numeric(name, "observed", "observed")
-    for role, names in (("known", roles.known), ("observed", observed)):
+            usable(name, "observed", "observed")
+    for role, names in (("known", roles.known), ("observed", observed), ("static", static)):
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             raise _error(path, f"column '{repeated[0]}' is listed twice as {role}; list it once")
-    clashes = [name for name in roles.known if name in observed or name in reserved]
-    clashes += [name for name in observed if name in reserved]
-    if roles.target in roles.known:
-        clashes.append(roles.target)
+    roles_of: dict[str, list[str]] = {}
+    for role, names in (
+        ("timestamp", [roles.timestamp]),
+        ("symbol", [symbol] if symbol is not None else []),
+        ("target", [roles.target]),
+        ("known", roles.known),
+        ("observed", observed),
+        ("static", static),
+        ("ignore", roles.ignore),
+    ):
+        for name in names:
+            roles_of.setdefault(name, []).append(role)
+    clashes = [name for name, held in roles_of.items() if len(held) > 1]
     if clashes:
+        held = roles_of[clashes[0]]
         raise _error(
             path,
-            f"column '{clashes[0]}' has two roles (timestamp, symbol, target, known, observed); "
-            "give each column one role in ColumnRoles",
+            f"column '{clashes[0]}' has two roles ({', '.join(held)}); give each column one "
+            "role in ColumnRoles",
         )
-    return roles.model_copy(update={"symbol": symbol, "observed": observed})
+    for name in static:
+        if not is_constant(name, symbol):
+            raise _error(
+                path,
+                f"static column '{name}' takes more than one value within a symbol; name it "
+                "known or observed instead of static (ColumnRoles(static=...))",
+            )
+    used = [*roles.known, *observed, *static]
+    categorical = [
+        name
+        for name in used
+        if name in roles.categorical
+        or name in static
+        or _always_categorical(schema.field(name).type)
+    ]
+    unused_integers = [name for name in roles.categorical if name not in used]
+    if unused_integers:
+        raise _error(
+            path,
+            f"categorical column '{unused_integers[0]}' has no role (it is ignored or not "
+            "listed as known, observed or static); give it one or leave it out of "
+            "ColumnRoles(categorical=...)",
+        )
+    return roles.model_copy(
+        update={
+            "symbol": symbol,
+            "observed": observed,
+            "static": static,
+            "categorical": categorical,
+        }
+    )
 
 
 def _roles_difference(file_roles: ColumnRoles, fitted: ColumnRoles) -> str:

@@ -30,6 +30,13 @@ class TFTConfig(BaseModel):
     static_cardinalities: list[int] = [1]
     """Number of categories of each static input (one id per series, e.g. the symbol)."""
 
+    observed_categorical_cardinalities: list[int] = []
+    """Number of categories (the "unknown" one included) of each time-varying categorical
+    input known only up to the forecast time (e.g. a trading session flag)."""
+
+    known_categorical_cardinalities: list[int] = []
+    """Number of categories of each categorical input known for the past and the future."""
+
     hidden_size: int = 64
     """Width of the model (d_model): the LSTM, the attention and every GRN between them."""
 
@@ -76,9 +83,18 @@ class TFTConfig(BaseModel):
 
     @field_validator("static_cardinalities")
     @classmethod
-    def _valid_cardinalities(cls, value: list[int]) -> list[int]:
+    def _one_static_input(cls, value: list[int]) -> list[int]:
         if not value:
             raise ValueError("needs at least one static input; use [1] for a single series")
+        return value
+
+    @field_validator(
+        "static_cardinalities",
+        "observed_categorical_cardinalities",
+        "known_categorical_cardinalities",
+    )
+    @classmethod
+    def _valid_cardinalities(cls, value: list[int]) -> list[int]:
         bad = [c for c in value if c < 1]
         if bad:
             raise ValueError(f"has cardinalities below 1 ({bad}); every input needs 1 category")
@@ -143,6 +159,16 @@ class TFTConfig(BaseModel):
     def num_static(self) -> int:
         """Static categorical inputs."""
         return len(self.static_cardinalities)
+
+    @property
+    def num_encoder_categorical(self) -> int:
+        """Time-varying categorical inputs of the encoder: observed, then known."""
+        return len(self.observed_categorical_cardinalities) + self.num_decoder_categorical
+
+    @property
+    def num_decoder_categorical(self) -> int:
+        """Categorical inputs of the decoder: the known ones."""
+        return len(self.known_categorical_cardinalities)
 
 
 def _describe(error: ValidationError) -> str:

@@ -2,34 +2,43 @@
 
 This module cuts the rows into windows (:func:`load_windows`, :class:`WindowDataset`) and
 gathers batches (:class:`Batch`, :func:`iterate_batches`); the column roles and the reading and
-checking of the file are in :mod:`tft.columns`, the target transform and the statistics in
-:mod:`tft.normalize`.
+checking of the file are in :mod:`tft.columns`, the target transform and the scales in
+:mod:`tft.normalize`, the categories in :mod:`tft.categories`, the row arrays in
+:mod:`tft.rows`, and the table of what the model reads in :mod:`tft.column_table`.
 
 NOTE [Rows, windows and splits]
 Rows are grouped by symbol (file order kept within a symbol; timestamps must strictly increase
-there) and every input role lives in ONE contiguous float32 array over all kept rows:
-``observed`` (N, num_observed), ``known`` (N, num_known), ``target`` (N,). A window is just its
+there) and every input role lives in ONE contiguous array over all kept rows:
+``observed`` (N, num_observed) and ``known`` (N, num_known) float32 for the real inputs,
+``categorical`` (N, Co + Ck) and ``static`` (N, num_static) int64 codes, ``target`` (N,). A
+window is just its
 first row ``s``: encoder rows ``s .. s+Te-1``, decoder rows ``s+Te .. s+Te+Td-1``, so the target
 at decoder step ``h`` (0-based) is the row ``h + 1`` steps after the last encoder row.
 :meth:`WindowDataset.batch` gathers rows with fancy indexing; no window is ever stored.
 
-* Inputs. Observed column 0 is the transformed target's own history (normalised like the
-  target), then the observed columns. Known columns are the user's known-future columns, then
-  four calendar features computed from the timestamp in UTC: sin/cos of the minute of the day
-  and sin/cos of the day of the week (Monday = 0); these are not normalised. By default the
-  observed columns are every numeric column except the timestamp, the symbol, the target and the
-  known columns (the target enters through its transformed history).
+* Inputs. Observed real column 0 is the transformed target's own history (scaled like the
+  target), then the real observed columns. Known real columns are the user's real known-future
+  columns, then four calendar features computed from the timestamp in UTC: sin/cos of the
+  minute of the day and sin/cos of the day of the week (Monday = 0); these are not scaled.
+  Categorical columns (text, dictionary, boolean, and integers named categorical) are coded
+  (NOTE [Categories] in :mod:`tft.categories`): observed then known ones per row, static ones
+  (constant within a symbol) read at a window's first row after the symbol's own index. By
+  default the observed columns are every real or categorical column with no other role (the
+  target enters through its transformed history) and the static ones every text column
+  constant within each symbol; :attr:`WindowedData.columns` says of each column which it is.
 * Target. ``log_return`` (default): ``log(p[t]) - log(p[t-1])``, prices must be > 0; ``diff``:
   ``p[t] - p[t-1]``; ``none``: ``p[t]``. For ``log_return`` and ``diff`` the first row of each
   symbol has no previous price and is dropped (from every role).
 * NaN policy. Nothing is filled in: a null, NaN or infinite value in the target (any row) or in
-  an observed or known column (any kept row) raises :class:`DataError` naming the column and the
-  first bad row (0-based, in file order); a column with no finite value at all is reported as such.
+  a real observed or known column (any kept row) raises :class:`DataError` naming the column
+  and the first bad row (0-based, in file order); a column with no finite value at all is
+  reported as such. A null in a categorical column is its "unknown" category.
 * Splits. Global time cut points (so the test period is the same calendar span for every
   symbol): the sorted distinct timestamps are cut at the split fractions; rows before the first
   cut are training, then validation, then test. A window lies wholly inside one symbol and one
-  split. The normaliser (mean and standard deviation per column, population std, 1.0 for a
-  constant column) is fitted on the training rows only.
+  split. The normaliser (a mean and standard deviation per column and symbol, NOTE
+  [Per-symbol scaling] in :mod:`tft.normalize`; the categories of each categorical column) is
+  fitted on the training rows only.
 * Whole file. :attr:`WindowedData.whole` always holds every window of the file, ignoring the
   splits (for prediction). ``split_fractions=None`` leaves train/validation/test empty and fits
   the normaliser (when none is given) on all rows.
@@ -46,11 +55,16 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from autockpt.errors import ConfigError, DataError
+from tft.categories import category_text, constant_within_groups
+from tft.column_table import CALENDAR_INPUTS, ColumnUse, column_table
 from tft.columns import (
     ColumnRoles,
+    ConstantWithinSymbols,
     _check_order,
     _error,
     _float_column,
@@ -60,8 +74,10 @@ from tft.columns import (
     _roles_difference,
     _symbol_codes,
     _timestamps,
+    _usable,
 )
-from tft.normalize import Normalizer, _mean_std, _normalise_columns, _transform_target
+from tft.normalize import Normalizer, _transform_target
+from tft.rows import InputEncoder, Rows
 
 __all__ = [
     "CALENDAR_COLUMNS",
@@ -72,49 +88,42 @@ __all__ = [
     "load_windows",
 ]
 
-CALENDAR_COLUMNS = ("minute_of_day_sin", "minute_of_day_cos", "day_of_week_sin", "day_of_week_cos")
+CALENDAR_COLUMNS = CALENDAR_INPUTS
 """Known features derived from the timestamp (UTC), always the last known columns."""
 
-_NS_PER_MINUTE = 60 * 1_000_000_000
-_NS_PER_DAY = 1440 * _NS_PER_MINUTE
 _SPLIT_NAMES = ("train", "validation", "test")
 
 
 class Batch(NamedTuple):
     """One batch of windows; B windows, Te encoder steps, Td = horizon decoder steps."""
 
-    static_ids: torch.Tensor  # (B, 1) int64, the symbol index
+    static_ids: torch.Tensor  # (B, 1 + num_static) int64: the symbol index, then static codes
     encoder_observed: torch.Tensor  # (B, Te, num_observed) float32
     encoder_known: torch.Tensor  # (B, Te, num_known) float32
     decoder_known: torch.Tensor  # (B, Td, num_known) float32
+    encoder_categorical: torch.Tensor  # (B, Te, Co + Ck) int64: observed, then known codes
+    decoder_categorical: torch.Tensor  # (B, Td, Ck) int64: known codes
     target: torch.Tensor  # (B, Td) float32, normalised
     decoder_time_ns: torch.Tensor  # (B, Td) int64, UTC nanoseconds of the forecast rows
     symbol_index: torch.Tensor  # (B,) int64
 
-    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The model's four inputs: static ids, encoder observed, encoder known, decoder known."""
-        return self.static_ids, self.encoder_observed, self.encoder_known, self.decoder_known
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        """The model's inputs: static ids, encoder observed, encoder known, decoder known, and,
+        when the data has time-varying categorical columns, their encoder and decoder codes."""
+        reals = (self.static_ids, self.encoder_observed, self.encoder_known, self.decoder_known)
+        if self.encoder_categorical.size(-1) == 0:
+            return reals
+        return (*reals, self.encoder_categorical, self.decoder_categorical)
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
         """The same batch with every tensor moved to ``device``."""
         return Batch(*(tensor.to(device, non_blocking=non_blocking) for tensor in self))
 
 
-@dataclass(frozen=True)
-class _Rows:
-    """The contiguous per-row arrays every dataset of one file indexes into."""
-
-    observed: np.ndarray  # (N, num_observed) float32
-    known: np.ndarray  # (N, num_known) float32
-    target: np.ndarray  # (N,) float32
-    time_ns: np.ndarray  # (N,) int64
-    symbol_index: np.ndarray  # (N,) int64
-
-
 class WindowDataset:
     """Windows of one split: the start rows of its windows into the shared row arrays."""
 
-    def __init__(self, rows: _Rows, starts: np.ndarray, *, encoder_length: int, horizon: int):
+    def __init__(self, rows: Rows, starts: np.ndarray, *, encoder_length: int, horizon: int):
         self._rows = rows
         self._starts = starts
         self._starts.setflags(write=False)
@@ -138,11 +147,19 @@ class WindowDataset:
         decoder_rows = starts[:, None] + self._decoder_offsets  # (B, Td)
         rows = self._rows
         symbol_index = torch.from_numpy(rows.symbol_index[starts])
+        categorical = np.take(rows.categorical, encoder_rows, axis=0)  # (B, Te, Co + Ck)
+        known_categorical = rows.categorical[
+            :, rows.categorical.shape[1] - rows.num_known_categorical :
+        ]
         return Batch(
-            static_ids=symbol_index[:, None],
+            static_ids=torch.cat(
+                [symbol_index[:, None], torch.from_numpy(rows.static[starts])], dim=1
+            ),
             encoder_observed=torch.from_numpy(np.take(rows.observed, encoder_rows, axis=0)),
             encoder_known=torch.from_numpy(np.take(rows.known, encoder_rows, axis=0)),
             decoder_known=torch.from_numpy(np.take(rows.known, decoder_rows, axis=0)),
+            encoder_categorical=torch.from_numpy(categorical),
+            decoder_categorical=torch.from_numpy(np.take(known_categorical, decoder_rows, axis=0)),
             target=torch.from_numpy(rows.target[decoder_rows]),
             decoder_time_ns=torch.from_numpy(rows.time_ns[decoder_rows]),
             symbol_index=symbol_index,
@@ -161,10 +178,14 @@ class WindowedData:
     normalizer: Normalizer
     symbols: list[str]
     observed_columns: list[str]
-    """Input names; the first is the target's transformed history, e.g. ``close_log_return``."""
+    """Real observed inputs; the first is the target's transformed history, e.g.
+    ``close_log_return``."""
     known_columns: list[str]
+    """Real known inputs: the file's, then :data:`CALENDAR_COLUMNS`."""
     encoder_length: int
     horizon: int
+    columns: list[ColumnUse]
+    """Every column of the file and how the model uses it (:mod:`tft.column_table`)."""
 
     @property
     def num_observed(self) -> int:
@@ -174,9 +195,24 @@ class WindowedData:
     def num_known(self) -> int:
         return len(self.known_columns)
 
+    def _cardinalities(self, names: list[str]) -> list[int]:
+        # Code 0 is "unknown" (NOTE [Categories]), so n categories need n + 1 embeddings.
+        return [len(self.normalizer.categories[name]) + 1 for name in names]
+
     @property
     def static_cardinalities(self) -> list[int]:
-        return [len(self.symbols)]
+        """The symbol's, then each static column's."""
+        return [len(self.symbols), *self._cardinalities(self.normalizer.roles.static or [])]
+
+    @property
+    def observed_categorical_cardinalities(self) -> list[int]:
+        roles = self.normalizer.roles
+        return self._cardinalities(roles.categorical_columns(roles.observed or []))
+
+    @property
+    def known_categorical_cardinalities(self) -> list[int]:
+        roles = self.normalizer.roles
+        return self._cardinalities(roles.categorical_columns(roles.known))
 
 
 def iterate_batches(
@@ -260,17 +296,6 @@ def _too_short(
     )
 
 
-def _calendar(time_ns: np.ndarray) -> np.ndarray:
-    """(N, 4) float32: sin/cos of the UTC minute of the day and of the day of the week."""
-    minute = (time_ns // _NS_PER_MINUTE) % 1440
-    weekday = (time_ns // _NS_PER_DAY + 3) % 7  # 1970-01-01 was a Thursday; Monday = 0
-    minute_angle = 2 * np.pi * minute / 1440
-    weekday_angle = 2 * np.pi * weekday / 7
-    parts = [np.sin(minute_angle), np.cos(minute_angle), np.sin(weekday_angle)]
-    parts.append(np.cos(weekday_angle))
-    return np.stack(parts, axis=1).astype(np.float32)
-
-
 # ---------------------------------------------------------------------------- public API
 
 
@@ -319,12 +344,10 @@ def load_windows(
     _check_options(encoder_length, horizon, split_fractions)
     schema = _read_schema(path)
     roles = roles if roles is not None else normalizer.roles if normalizer else ColumnRoles()
-    roles = _resolve_roles(path, schema, roles)
+    table = _read_table(path, _columns_to_read(schema, roles))
+    roles = _resolve_roles(path, schema, roles, _constancy_check(table))
     if normalizer is not None and roles != normalizer.roles:
         raise _error(path, _roles_difference(roles, normalizer.roles))
-    observed_names = roles.observed or []
-    wanted = [roles.timestamp, roles.symbol, roles.target, *roles.known, *observed_names]
-    table = _read_table(path, list(dict.fromkeys(name for name in wanted if name is not None)))
 
     time_ns = _timestamps(path, table, roles.timestamp)
     codes, symbols = _symbol_codes(
@@ -361,51 +384,13 @@ def load_windows(
             if len(starts) == 0 and fraction > 0:
                 raise _too_short(path, name, longest, encoder_length, horizon)
             split_starts.append(starts)
-    train_rows = labels == 0
 
-    if normalizer is None:
-        target_mean, target_std = _mean_std(target[train_rows])
-    else:
-        target_mean, target_std = normalizer.target_mean, normalizer.target_std
-    observed = np.empty((len(codes), 1 + len(observed_names)), dtype=np.float32)
-    observed[:, 0] = (target - target_mean) / target_std
-    observed_stats = _normalise_columns(
-        path,
-        table,
-        observed_names,
-        file_rows,
-        train_rows,
-        (normalizer.observed_mean, normalizer.observed_std) if normalizer else None,
-        observed[:, 1:],
-    )
-    known = np.empty((len(codes), len(roles.known) + len(CALENDAR_COLUMNS)), dtype=np.float32)
-    known_stats = _normalise_columns(
-        path,
-        table,
-        roles.known,
-        file_rows,
-        train_rows,
-        (normalizer.known_mean, normalizer.known_std) if normalizer else None,
-        known,
-    )
-    known[:, len(roles.known) :] = _calendar(time_ns)
-    normalizer = normalizer or Normalizer(
-        roles=roles,
-        symbols=symbols,
-        target_mean=target_mean,
-        target_std=target_std,
-        observed_mean=observed_stats[0],
-        observed_std=observed_stats[1],
-        known_mean=known_stats[0],
-        known_std=known_stats[1],
-    )
-
-    rows = _Rows(observed, known, observed[:, 0].copy(), time_ns, codes)
+    encoded = InputEncoder(path, table, roles, symbols, (file_rows, codes, labels == 0))
+    rows, normalizer, unknown_rows = encoded.encode(target, time_ns, normalizer)
 
     def dataset(starts: np.ndarray) -> WindowDataset:
         return WindowDataset(rows, starts, encoder_length=encoder_length, horizon=horizon)
 
-    suffix = {"log_return": "log_return", "diff": "diff", "none": "level"}[roles.target_transform]
     return WindowedData(
         train=dataset(split_starts[0]),
         validation=dataset(split_starts[1]),
@@ -413,8 +398,43 @@ def load_windows(
         whole=dataset(whole),
         normalizer=normalizer,
         symbols=symbols,
-        observed_columns=[f"{roles.target}_{suffix}", *observed_names],
-        known_columns=[*roles.known, *CALENDAR_COLUMNS],
+        observed_columns=[target_input_name(roles), *roles.real_columns(roles.observed or [])],
+        known_columns=[*roles.real_columns(roles.known), *CALENDAR_COLUMNS],
         encoder_length=encoder_length,
         horizon=horizon,
+        columns=column_table(schema, roles, normalizer, unknown_rows),
     )
+
+
+def target_input_name(roles: ColumnRoles) -> str:
+    """The name of the target's transformed history, the first observed input."""
+    suffix = {"log_return": "log_return", "diff": "diff", "none": "level"}[roles.target_transform]
+    return f"{roles.target}_{suffix}"
+
+
+def _columns_to_read(schema: pa.Schema, roles: ColumnRoles) -> list[str]:
+    """Every column a role may take: all usable ones unless every role is named."""
+    if roles.observed is not None and roles.static is not None:
+        symbol = roles.symbol or ("symbol" if "symbol" in schema.names else None)
+        named = [roles.timestamp, symbol, roles.target, *roles.known, *roles.observed]
+        wanted = [*named, *roles.static]
+    else:
+        wanted = [
+            name
+            for name in schema.names
+            if name == roles.timestamp
+            or (name not in roles.ignore and _usable(schema.field(name).type))
+        ]
+    return list(dict.fromkeys(name for name in wanted if name is not None and name in schema.names))
+
+
+def _constancy_check(table: pa.Table) -> ConstantWithinSymbols:
+    def is_constant(name: str, symbol: str | None) -> bool:
+        if symbol is None:
+            groups = np.zeros(table.num_rows, dtype=np.int64)
+        else:
+            encoded = pc.dictionary_encode(category_text(table, symbol)).combine_chunks()
+            groups = encoded.indices.fill_null(-1).to_numpy().astype(np.int64)
+        return constant_within_groups(category_text(table, name), groups)
+
+    return is_constant

@@ -200,6 +200,29 @@ class RealInputEmbedding(nn.Module):
         return torch.addcmul(self.bias, columns, self.weight)  # (V, N, E)
 
 
+class CategoricalInputEmbedding(nn.Module):
+    """Embeds each categorical input with its own table, into variable-major layout.
+
+    One ``nn.Embedding`` holds every input's rows (input ``i``'s codes start at
+    ``offsets[i]``), as the static embedding does. Input ``(B, T, C)`` int64 codes, output
+    ``(C, B * T, E)``, the layout of :class:`RealInputEmbedding`, so the two concatenate into
+    one variable selection.
+    """
+
+    offsets: Tensor
+
+    def __init__(self, cardinalities: list[int], embedding_size: int) -> None:
+        super().__init__()
+        self.num_vars = len(cardinalities)
+        offsets = [sum(cardinalities[:i]) for i in range(len(cardinalities))]
+        self.register_buffer("offsets", torch.tensor(offsets), persistent=False)
+        self.embedding = nn.Embedding(sum(cardinalities), embedding_size)
+
+    def forward(self, codes: Tensor) -> Tensor:
+        embedded = self.embedding(codes.reshape(-1, self.num_vars) + self.offsets)  # (N, C, E)
+        return embedded.transpose(0, 1)  # (C, N, E)
+
+
 class VariableSelectionNetwork(nn.Module):
     """Variable selection (equations (6)-(8)): a weighted sum of per-variable GRN outputs.
 

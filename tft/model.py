@@ -2,10 +2,12 @@
 interpretable multi-horizon time series forecasting"), for quantile forecasts.
 
 Shape legend:
-    B   batch                       S   static categorical inputs
+    B   batch                       S   static categorical inputs (the symbol first)
     Te  encoder_length (past)       Td  horizon (future)         T  Te + Td
-    No  observed inputs             Nk  known inputs             V  No + Nk (encoder inputs)
-    E   variable_hidden_size        H   hidden_size              Q  quantiles
+    No  observed real inputs        Nk  known real inputs
+    Co  observed categorical inputs Ck  known categorical inputs
+    V   No + Nk + Co + Ck (encoder inputs)                       Vd  Nk + Ck (decoder inputs)
+    E   variable_hidden_size        H   hidden_size              Q   quantiles
 
 Data flow (section 4 of the paper):
     static ids -> embeddings -> static VSN -> four GRNs: contexts c_s (variable selection),
@@ -13,6 +15,8 @@ Data flow (section 4 of the paper):
     past observed + known inputs -> encoder VSN (c_s) -> LSTM encoder (seeded with c_h, c_c)
     future known inputs          -> decoder VSN (c_s) -> LSTM decoder (seeded with the encoder's
                                                          final state)
+    (each real input is embedded by its own Linear(1, E), each categorical one by its own
+    embedding table; both kinds go through the same variable selection)
     gated skip + add & norm around the LSTM -> static enrichment GRN (c_e) -> interpretable
     multi-head attention (decoder queries, causal) -> gated skip + add & norm -> position-wise GRN
     -> gated skip + add & norm to the LSTM layer's output -> linear head to Q quantiles
@@ -34,6 +38,7 @@ from torch import Tensor, nn
 
 from tft.config import TFTConfig
 from tft.layers import (
+    CategoricalInputEmbedding,
     GateAddNorm,
     GatedResidualNetwork,
     InterpretableMultiHeadAttention,
@@ -47,9 +52,10 @@ class Interpretation(NamedTuple):
 
     Attributes:
         static_weights: selection weights of the static inputs, ``(B, S)``; rows sum to 1.
-        encoder_weights: selection weights of the past inputs, observed then known,
-            ``(B, Te, No + Nk)``; each step sums to 1.
-        decoder_weights: selection weights of the future known inputs, ``(B, Td, Nk)``.
+        encoder_weights: selection weights of the past inputs: observed reals, known reals,
+            observed categoricals, known categoricals, ``(B, Te, V)``; each step sums to 1.
+        decoder_weights: selection weights of the future known inputs, reals then
+            categoricals, ``(B, Td, Nk + Ck)``.
         attention: head-averaged attention of each forecast step over all positions,
             ``(B, Td, Te + Td)``; rows sum to 1 and are 0 beyond the step's own position.
     """
@@ -113,15 +119,33 @@ class TemporalFusionTransformer(nn.Module):
         super().__init__()
         self.config = config
         hidden, dropout = config.hidden_size, config.dropout
-        num_encoder_vars = config.num_observed + config.num_known
+        embedding = config.variable_hidden_size
+        num_encoder_reals = config.num_observed + config.num_known
+        num_encoder_vars = num_encoder_reals + config.num_encoder_categorical
+        num_decoder_vars = config.num_known + config.num_decoder_categorical
         self.static_encoder = StaticCovariateEncoder(config)
-        self.encoder_embedding = RealInputEmbedding(num_encoder_vars, config.variable_hidden_size)
-        self.encoder_selection = VariableSelectionNetwork(
-            num_encoder_vars, config.variable_hidden_size, hidden, dropout, context_size=hidden
+        self.encoder_embedding = RealInputEmbedding(num_encoder_reals, embedding)
+        # Built only for data with time-varying categorical inputs, so that a model without
+        # them has the same parameters (and checkpoints) as before they existed.
+        self.encoder_categorical_embedding = (
+            CategoricalInputEmbedding(
+                config.observed_categorical_cardinalities + config.known_categorical_cardinalities,
+                embedding,
+            )
+            if config.num_encoder_categorical
+            else None
         )
-        self.decoder_embedding = RealInputEmbedding(config.num_known, config.variable_hidden_size)
+        self.encoder_selection = VariableSelectionNetwork(
+            num_encoder_vars, embedding, hidden, dropout, context_size=hidden
+        )
+        self.decoder_embedding = RealInputEmbedding(config.num_known, embedding)
+        self.decoder_categorical_embedding = (
+            CategoricalInputEmbedding(config.known_categorical_cardinalities, embedding)
+            if config.num_decoder_categorical
+            else None
+        )
         self.decoder_selection = VariableSelectionNetwork(
-            config.num_known, config.variable_hidden_size, hidden, dropout, context_size=hidden
+            num_decoder_vars, embedding, hidden, dropout, context_size=hidden
         )
         lstm_dropout = dropout if config.num_lstm_layers > 1 else 0.0
         self.lstm_encoder = nn.LSTM(
@@ -144,6 +168,8 @@ class TemporalFusionTransformer(nn.Module):
         encoder_observed: Tensor,
         encoder_known: Tensor,
         decoder_known: Tensor,
+        encoder_categorical: Tensor | None = None,
+        decoder_categorical: Tensor | None = None,
     ) -> Tensor:
         """Quantile forecasts ``(B, Td, Q)``.
 
@@ -152,8 +178,18 @@ class TemporalFusionTransformer(nn.Module):
             encoder_observed: ``(B, Te, No)``.
             encoder_known: ``(B, Te, Nk)``.
             decoder_known: ``(B, Td, Nk)``.
+            encoder_categorical: int64 ``(B, Te, Co + Ck)``, observed then known codes; needed
+                when the config has time-varying categorical inputs, else unused.
+            decoder_categorical: int64 ``(B, Td, Ck)``, the known codes.
         """
-        return self._run(static_ids, encoder_observed, encoder_known, decoder_known)[0]
+        return self._run(
+            static_ids,
+            encoder_observed,
+            encoder_known,
+            decoder_known,
+            encoder_categorical,
+            decoder_categorical,
+        )[0]
 
     def interpret(
         self,
@@ -161,6 +197,8 @@ class TemporalFusionTransformer(nn.Module):
         encoder_observed: Tensor,
         encoder_known: Tensor,
         decoder_known: Tensor,
+        encoder_categorical: Tensor | None = None,
+        decoder_categorical: Tensor | None = None,
     ) -> tuple[Tensor, Interpretation]:
         """The forecast and the weights behind it (same inputs as :meth:`forward`).
 
@@ -168,7 +206,12 @@ class TemporalFusionTransformer(nn.Module):
         otherwise keep the autograd graph alive.
         """
         prediction, static_w, encoder_w, decoder_w, attention = self._run(
-            static_ids, encoder_observed, encoder_known, decoder_known
+            static_ids,
+            encoder_observed,
+            encoder_known,
+            decoder_known,
+            encoder_categorical,
+            decoder_categorical,
         )
         batch = encoder_observed.size(0)
         return prediction, Interpretation(
@@ -184,8 +227,10 @@ class TemporalFusionTransformer(nn.Module):
         encoder_observed: Tensor,
         encoder_known: Tensor,
         decoder_known: Tensor,
+        encoder_categorical: Tensor | None,
+        decoder_categorical: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """Prediction and the raw weights, ``(B, S)``, ``(B * Te, V)``, ``(B * Td, Nk)``,
+        """Prediction and the raw weights, ``(B, S)``, ``(B * Te, V)``, ``(B * Td, Vd)``,
         ``(B, Td, T)``, all of which the forward pass computes anyway."""
         batch = encoder_observed.size(0)
         encoder_steps = encoder_observed.size(1)
@@ -193,14 +238,25 @@ class TemporalFusionTransformer(nn.Module):
 
         c_selection, c_enrichment, c_h, c_c, static_w = self.static_encoder(static_ids)
 
-        encoder_inputs = torch.cat([encoder_observed, encoder_known], dim=-1)  # (B, Te, V)
+        encoder_inputs = torch.cat([encoder_observed, encoder_known], dim=-1)  # (B, Te, No + Nk)
+        encoder_embedded = self.encoder_embedding(encoder_inputs)  # (No + Nk, B * Te, E)
+        decoder_embedded = self.decoder_embedding(decoder_known)  # (Nk, B * Td, E)
+        # Attribute tests, not tensor tests: fx records one branch, fixed by the config.
+        if self.encoder_categorical_embedding is not None:
+            codes = _required(encoder_categorical, "encoder_categorical")
+            embedded = self.encoder_categorical_embedding(codes)  # (Co + Ck, B * Te, E)
+            encoder_embedded = torch.cat([encoder_embedded, embedded], dim=0)  # (V, B * Te, E)
+        if self.decoder_categorical_embedding is not None:
+            codes = _required(decoder_categorical, "decoder_categorical")
+            embedded = self.decoder_categorical_embedding(codes)  # (Ck, B * Td, E)
+            decoder_embedded = torch.cat([decoder_embedded, embedded], dim=0)  # (Vd, B * Td, E)
         encoder_selected, encoder_w = self.encoder_selection(
-            self.encoder_embedding(encoder_inputs),  # (V, B * Te, E)
+            encoder_embedded,  # (V, B * Te, E)
             _repeat_over_time(c_selection, encoder_steps),  # (B * Te, H)
         )
         encoder_selected = encoder_selected.view(batch, encoder_steps, -1)  # (B, Te, H)
         decoder_selected, decoder_w = self.decoder_selection(
-            self.decoder_embedding(decoder_known),  # (Nk, B * Td, E)
+            decoder_embedded,  # (Vd, B * Td, E)
             _repeat_over_time(c_selection, decoder_steps),  # (B * Td, H)
         )
         decoder_selected = decoder_selected.view(batch, decoder_steps, -1)  # (B, Td, H)
@@ -231,9 +287,11 @@ class TemporalFusionTransformer(nn.Module):
         *,
         device: torch.device | str | None = None,
         generator: torch.Generator | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, ...]:
         """Random inputs of the right shapes and dtypes: ``(static_ids, encoder_observed,
-        encoder_known, decoder_known)``, ids within each static input's cardinality.
+        encoder_known, decoder_known)``, ids within each static input's cardinality, then
+        ``(encoder_categorical, decoder_categorical)`` when the config has time-varying
+        categorical inputs.
 
         Args:
             batch_size: B.
@@ -259,12 +317,29 @@ class TemporalFusionTransformer(nn.Module):
             torch.randn(shape, generator=generator, device=source, dtype=dtype) for shape in shapes
         ]
         target = torch.device(device) if device is not None else torch.device("cpu")
-        return (
-            static_ids.to(target),
-            reals[0].to(target),
-            reals[1].to(target),
-            reals[2].to(target),
+        inputs = [static_ids, *reals]
+        if config.num_encoder_categorical:
+
+            def codes(steps: int, cardinalities: list[int]) -> Tensor:
+                shape = (batch_size, steps, len(cardinalities))
+                uniform = torch.rand(shape, generator=generator, device=source)
+                return (uniform * torch.tensor(cardinalities, device=source)).long()
+
+            known = config.known_categorical_cardinalities
+            inputs.append(
+                codes(config.encoder_length, config.observed_categorical_cardinalities + known)
+            )
+            inputs.append(codes(config.horizon, known))  # (B, Td, Ck)
+        return tuple(tensor.to(target) for tensor in inputs)
+
+
+def _required(codes: Tensor | None, name: str) -> Tensor:
+    if codes is None:
+        raise ValueError(
+            f"{name} is None but the model has categorical inputs; pass the batch's codes "
+            "(Batch.inputs() gives all six inputs)"
         )
+    return codes
 
 
 def _repeat_over_time(context: Tensor, steps: int) -> Tensor:

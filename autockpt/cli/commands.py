@@ -10,6 +10,7 @@ training package lazily, so ``autockpt --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from rich.console import Console
 
 from autockpt.cli.parser import comma_list, overrides
 from autockpt.cli.plot import check_plot_available, plot_plan
-from autockpt.cli.report import print_plan
+from autockpt.cli.report import columns_record, print_columns, print_plan
 from autockpt.errors import ConfigError, InfeasibleBudgetError
 from autockpt.planner.units import format_bytes
 
@@ -71,10 +72,12 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if setup.host_tuning is not None:
         setup.host_tuning.restore()
     if config.quiet:
+        print(json.dumps(columns_record(setup.data.columns), sort_keys=True))
         print(setup.plan.model_dump_json())
     else:
         for note in setup.notes:
             console.print(f"[dim]{note}[/dim]")
+        print_columns(console, setup.data.columns)
         print_plan(console, setup.plan, budget_given=setup.budget is not None)
     if args.json is not None:
         write_text_atomic(args.json, setup.plan.model_dump_json(indent=2))
@@ -165,9 +168,11 @@ def _run_training(
         reporter = SilentReporter()
     elif setup.config.quiet:
         reporter = JsonLinesReporter()
+        reporter.event(columns_record(setup.data.columns))
     else:
         for note in setup.notes:
             console.print(f"[dim]{note}[/dim]")
+        print_columns(console, setup.data.columns)
         print_plan(console, setup.plan, budget_given=setup.budget is not None)
         if setup.world.is_distributed:
             console.print(
@@ -213,6 +218,12 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
         f"wrote {result.num_rows:,} forecasts ({result.num_windows:,} windows x horizon "
         f"{result.horizon}) to {result.path}"
     )
+    for name, count in result.unknown_rows.items():
+        if count:
+            console.print(
+                f"{name}: {count:,} rows had a value the training rows never had (or none); "
+                "the model read them as the unknown category"
+            )
     return 0
 
 

@@ -49,6 +49,11 @@ CONFIG_KEYS = (
     "symbol_column",
     "timestamp_column",
     "known_columns",
+    "observed_columns",
+    "static_columns",
+    "categorical_columns",
+    "ignore_columns",
+    "scaling",
     "quiet",
     "strategy",
     "epochs",
@@ -144,7 +149,35 @@ def _add_model_options(parser: argparse.ArgumentParser, *, data: bool = True) ->
         "--known-columns",
         type=comma_list,
         metavar="A,B",
-        help="comma-separated columns known in advance, e.g. holiday,roll_day",
+        help="comma-separated columns known in advance, e.g. holiday,session",
+    )
+    roles.add_argument(
+        "--observed-columns",
+        type=comma_list,
+        metavar="A,B",
+        help="past-only input columns (default: every number, text and boolean column with no "
+        "other role)",
+    )
+    roles.add_argument(
+        "--static-columns",
+        type=comma_list,
+        metavar="A,B",
+        help="columns constant within each symbol, e.g. exchange (default: every text column "
+        "that is)",
+    )
+    roles.add_argument(
+        "--categorical-columns",
+        type=comma_list,
+        metavar="A,B",
+        help="integer-coded columns to embed as categories (text and booleans always are)",
+    )
+    roles.add_argument(
+        "--ignore-columns", type=comma_list, metavar="A,B", help="columns to leave out"
+    )
+    roles.add_argument(
+        "--scaling",
+        choices=("per_symbol", "global"),
+        help="scale the target and real inputs per symbol (default) or over all symbols",
     )
     parser.add_argument(
         "--quiet",

@@ -5,7 +5,8 @@
 what recomputing it costs. Under the table: the budget, the predicted peak and its breakdown, the
 step time the plan adds (signed: a plan can be faster than the plain step; a note says whether
 the times were timed on the real model or estimated), micro-batching and the planner's notes.
-``plan``, ``train`` and ``demo`` print it before anything else.
+``plan``, ``train`` and ``demo`` print it after :func:`print_columns`, the table of what the
+model reads from the file.
 
 On a terminal rich fits the table to the window (folding long segment names); in a file or a
 pipe the console from :func:`autockpt.cli.console.make_console` is wide enough that every column
@@ -23,6 +24,7 @@ from autockpt.planner.units import format_bytes
 
 if TYPE_CHECKING:
     from autockpt.planner.plan_model import Plan
+    from tft.column_table import ColumnUse
 
 
 def _bar(fraction: float, width: int = 12) -> str:
@@ -114,3 +116,56 @@ def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
 
 def _no_budget_text() -> str:
     return "none given: on the CPU training is not limited (pass --vram-budget to plan for one)"
+
+
+def print_columns(console: Console, columns: list[ColumnUse]) -> None:
+    """What the model sees: every column of the file with its role, kind and scaling, or why
+    it is left out.
+
+    Runs of consecutive columns used alike (225 real observed features) share one row, so the
+    table stays short; ``columns.json`` and ``--quiet`` list every column.
+    """
+    table = Table(title="data columns")
+    table.add_column("column", overflow="fold")
+    table.add_column("type", no_wrap=True)
+    table.add_column("role")
+    table.add_column("kind")
+    table.add_column("scaling")
+    table.add_column("note", overflow="fold")
+    for group in _runs_used_alike(columns):
+        column = group[0]
+        kind: str = column.kind or "-"
+        if column.categories is not None:
+            kind = f"{kind}, {column.categories:,} categories"
+        note = column.note or ""
+        if column.unknown_rows:
+            note = f"{column.unknown_rows:,} rows not in the training categories: coded unknown"
+        role = column.role if column.role != "unused" else "[dim]unused[/dim]"
+        table.add_row(_names(group), column.type, role, kind, column.scaling or "-", note)
+    console.print(table)
+
+
+def _runs_used_alike(columns: list[ColumnUse]) -> list[list[ColumnUse]]:
+    def key(column: ColumnUse) -> tuple[object, ...] | None:
+        if column.categories is not None or column.note is not None:
+            return None  # a column with something of its own to say has its own row
+        return (column.type, column.role, column.kind, column.scaling)
+
+    runs: list[list[ColumnUse]] = []
+    for column in columns:
+        if runs and key(column) is not None and key(runs[-1][0]) == key(column):
+            runs[-1].append(column)
+        else:
+            runs.append([column])
+    return runs
+
+
+def _names(group: list[ColumnUse]) -> str:
+    if len(group) <= 3:
+        return ", ".join(column.name for column in group)
+    return f"{group[0].name}, {group[1].name}, ... {group[-1].name} ({len(group)} columns)"
+
+
+def columns_record(columns: list[ColumnUse]) -> dict[str, object]:
+    """The column table as one JSON-able record (``--quiet`` prints it as a line)."""
+    return {"kind": "columns", "columns": [column.model_dump(mode="json") for column in columns]}

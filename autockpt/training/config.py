@@ -23,6 +23,7 @@ Device = Literal["cpu", "cuda", "auto"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 Schedule = Literal["cosine", "constant"]
 TargetTransform = Literal["log_return", "diff", "none"]
+Scaling = Literal["per_symbol", "global"]
 Strategy = Literal["ddp", "fsdp"]
 
 
@@ -83,7 +84,18 @@ class TrainConfig(BaseModel):
     timestamp_column: str | None = None
     """column of bar times; unset uses the data module's default (timestamp)."""
     known_columns: tuple[str, ...] | None = None
-    """numeric columns known in advance (e.g. a holiday flag); calendar features are added anyway."""
+    """columns known in advance (a holiday flag, the session); calendar features are added anyway."""
+    observed_columns: tuple[str, ...] | None = None
+    """past-only input columns; unset uses every number, text and boolean column given no other role."""
+    static_columns: tuple[str, ...] | None = None
+    """columns constant within each symbol (the exchange); unset takes every text column that is."""
+    categorical_columns: tuple[str, ...] | None = None
+    """integer-coded columns to embed as categories (text and boolean columns always are)."""
+    ignore_columns: tuple[str, ...] | None = None
+    """columns to leave out."""
+    scaling: Scaling | None = None
+    """per_symbol (default): the target and real inputs scaled with each symbol's statistics;
+    global: one scale over all symbols."""
     encoder_length: int | None = None
     """bars of history the model reads, a whole number >= 1; unset uses the preset's."""
     horizon: int | None = None
@@ -164,7 +176,13 @@ class TrainConfig(BaseModel):
             parse_budget(value)
         return value
 
-    @field_validator("known_columns")
+    @field_validator(
+        "known_columns",
+        "observed_columns",
+        "static_columns",
+        "categorical_columns",
+        "ignore_columns",
+    )
     @classmethod
     def _distinct_columns(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
         if value is not None:

@@ -48,7 +48,8 @@ def evaluate(
     model = setup.model if model is None else model
     quantiles = setup.model_config.quantiles
     median = min(range(len(quantiles)), key=lambda i: abs(quantiles[i] - 0.5))
-    target_std = setup.data.normalizer.target_std
+    # Errors are reported in target-transform units, each window with its symbol's scale.
+    target_std = torch.tensor(setup.data.normalizer.target.std, device=setup.device)
     totals = {"loss": 0.0, "abs": 0.0, "square": 0.0, "covered": 0.0}
     num_windows = num_values = 0
     was_training = model.training
@@ -66,7 +67,8 @@ def evaluate(
             inputs = tuple(t.to(setup.device) for t in batch.inputs())
             target = batch.target.to(setup.device)  # (B, H)
             prediction = model(*inputs).float()  # (B, H, Q)
-            error = (prediction[..., median] - target) * target_std
+            scale = target_std[batch.symbol_index.to(setup.device)][:, None]  # (B, 1)
+            error = (prediction[..., median] - target) * scale
             inside = (target >= prediction[..., 0]) & (target <= prediction[..., -1])
             totals["loss"] += setup.loss_fn(prediction, target).item() * len(target)
             totals["abs"] += error.abs().sum().item()

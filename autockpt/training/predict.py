@@ -4,11 +4,14 @@ One output row per (window, horizon step): ``timestamp`` (UTC time of the foreca
 ``symbol``, ``horizon_step`` (1 = the bar after the last one the model saw),
 ``actual`` (the realised target, when the file has it, which every full window does) and one
 column per quantile, ``q0.1``, ``q0.5``, ... All values are de-normalised to target-transform
-units (log returns by default); the schema metadata records the target and its transform.
+units (log returns by default), each symbol with its own scale; the schema metadata records the
+target and its transform, and ``unknown_rows`` the rows of each categorical column read as the
+unknown category (a JSON object).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +39,8 @@ class PredictionResult:
     num_rows: int
     num_windows: int
     horizon: int
+    unknown_rows: dict[str, int]
+    """Rows of each categorical column read as the unknown category (NOTE [Categories])."""
 
 
 def quantile_column(quantile: float) -> str:
@@ -97,13 +102,14 @@ def predict(
     run = RunFolder.open(run_dir, need=(BEST_FILE,))
     resolved = resolve_device(device)
     model, config, normalizer = load_trained_model(run, resolved)
-    windows = load_windows(
+    loaded = load_windows(
         data,
         encoder_length=config.encoder_length,
         horizon=config.horizon,
         split_fractions=None,
         normalizer=normalizer,
-    ).whole
+    )
+    windows = loaded.whole
 
     forecasts, actuals, times, symbols = [], [], [], []
     with torch.no_grad():
@@ -112,11 +118,17 @@ def predict(
         ):
             inputs = tuple(t.to(resolved) for t in batch.inputs())
             prediction = model(*inputs).float().cpu()  # (B, H, Q)
-            forecasts.append(normalizer.denormalize_target(prediction.numpy()))
-            actuals.append(normalizer.denormalize_target(batch.target.numpy()))  # (B, H)
+            symbol_index = batch.symbol_index.numpy()
+            forecasts.append(normalizer.denormalize_target(prediction.numpy(), symbol_index))
+            actuals.append(normalizer.denormalize_target(batch.target.numpy(), symbol_index))
             times.append(batch.decoder_time_ns.numpy())  # (B, H)
             symbols.append(batch.symbol_index.numpy())  # (B,)
 
+    unknown_rows = {
+        column.name: column.unknown_rows
+        for column in loaded.columns
+        if column.unknown_rows is not None
+    }
     table = _forecast_table(
         np.concatenate(forecasts),
         np.concatenate(actuals),
@@ -125,10 +137,16 @@ def predict(
         normalizer,
         config.quantiles,
     )
+    metadata = {**(table.schema.metadata or {}), b"unknown_rows": json.dumps(unknown_rows)}
+    table = table.replace_schema_metadata(metadata)
     target = Path(output)
     write_atomic(target, lambda temporary: pq.write_table(table, temporary))
     return PredictionResult(
-        path=target, num_rows=table.num_rows, num_windows=len(windows), horizon=config.horizon
+        path=target,
+        num_rows=table.num_rows,
+        num_windows=len(windows),
+        horizon=config.horizon,
+        unknown_rows=unknown_rows,
     )
 
 

@@ -127,6 +127,8 @@ def prepare(
         num_observed=data.num_observed,
         num_known=data.num_known,
         static_cardinalities=data.static_cardinalities,
+        observed_categorical_cardinalities=data.observed_categorical_cardinalities,
+        known_categorical_cardinalities=data.known_categorical_cardinalities,
         encoder_length=data.encoder_length,
         horizon=data.horizon,
         batch_size=config.batch_size or preset.batch_size,

@@ -3,6 +3,7 @@
 ```
 runs/NAME/
   config.json     the resolved TrainConfig
+  columns.json    every column of the data file and how the model uses it (tft.column_table)
   plan.json       the memory plan (autockpt.Plan.model_validate_json reloads it)
   metrics.jsonl   one JSON object per line: steps, epochs, events (re-plans)
   best.pt         the model with the best validation loss so far
@@ -32,15 +33,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from autockpt.errors import DataError, RunError
+from autockpt.errors import ConfigError, DataError, RunError
 from autockpt.training.config import TrainConfig, load_train_config
 from autockpt.training.distributed import SINGLE_PROCESS, World, resolve_parallelism
 from autockpt.training.prepare import Setup, prepare
 from autockpt.training.settings import column_roles, default_run_dir
+from tft.config import TFTConfig
 from tft.normalize import Normalizer
 
 CONFIG_FILE = "config.json"
 PLAN_FILE = "plan.json"
+COLUMNS_FILE = "columns.json"
 METRICS_FILE = "metrics.jsonl"
 BEST_FILE = "best.pt"
 LAST_FILE = "last.pt"
@@ -173,6 +176,11 @@ class RunFolder:
     def write_plan(self, plan_json: str) -> None:
         write_text_atomic(self.file(PLAN_FILE), plan_json)
 
+    def write_columns(self, setup: Setup) -> None:
+        """The data's column table (what the model reads), as a JSON list."""
+        columns = [column.model_dump(mode="json") for column in setup.data.columns]
+        write_json_atomic(self.file(COLUMNS_FILE), columns)
+
     def read_metrics(self) -> list[dict[str, Any]]:
         """Every record of ``metrics.jsonl`` (empty when there is none yet)."""
         path = self.file(METRICS_FILE)
@@ -301,6 +309,7 @@ def start_run(config: TrainConfig, *, world: World = SINGLE_PROCESS) -> tuple[Se
     resolved = setup.config.model_copy(update={"out": out, "data": setup.data_path.resolve()})
     run.write_config(resolved.model_dump(mode="json"))
     run.write_plan(setup.plan.model_dump_json(indent=2))
+    run.write_columns(setup)
     return setup, run
 
 
@@ -369,14 +378,25 @@ def resume_run(
         raise RunError(f"cannot resume {run.path} on this data: {error}") from None
     check_compatible(
         run.path,
-        checkpoint.get("model_config", {}),
+        saved_model_config(checkpoint),
         setup.model_config.model_dump(mode="json"),
         what="model",
     )
     if world.is_main:
         run.write_config(config.model_dump(mode="json"))
         run.write_plan(setup.plan.model_dump_json(indent=2))
+        run.write_columns(setup)
     return setup, checkpoint
+
+
+def saved_model_config(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """The checkpoint's model config with every field, those added since it was saved at
+    their defaults (a run from before categorical inputs has none), or as saved if invalid."""
+    saved = dict(checkpoint.get("model_config", {}))
+    try:
+        return TFTConfig.from_dict(saved).model_dump(mode="json")
+    except ConfigError:
+        return saved
 
 
 def _saved_normalizer(run: RunFolder, checkpoint: dict[str, Any]) -> Normalizer:

@@ -83,10 +83,19 @@ def column_roles(config: TrainConfig) -> ColumnRoles:
         "target_transform": config.target_transform,
         "symbol": config.symbol_column,
         "timestamp": config.timestamp_column,
-        "known": list(config.known_columns) if config.known_columns is not None else None,
+        "known": config.known_columns,
+        "observed": config.observed_columns,
+        "static": config.static_columns,
+        "categorical": config.categorical_columns,
+        "ignore": config.ignore_columns,
+        "scaling": config.scaling,
     }
     return ColumnRoles.model_validate(
-        {key: value for key, value in given.items() if value is not None}
+        {
+            key: list(value) if isinstance(value, tuple) else value
+            for key, value in given.items()
+            if value is not None
+        }
     )
 
 

@@ -133,7 +133,8 @@ def test_plan_into_a_file_or_pipe_keeps_the_whole_table(
     assert header.rstrip().endswith("┃")  # the header's right border is there
     headers = [cell.strip() for cell in header.strip().strip("┃").split("┃")]
     assert headers == ["#", "segment", "activations", "", "plan", "recompute"]
-    rows = [line.rstrip() for line in lines if line.startswith("│")]
+    below = lines[lines.index(header) :]  # the column table comes first
+    rows = [line.rstrip() for line in below if line.startswith("│")]
     assert len(rows) == len(plan.segments), rows  # no name folded onto a second line
     for index, (row, segment) in enumerate(zip(rows, plan.segments, strict=True)):
         assert row.endswith("│"), row  # the right border is there: nothing cropped
@@ -158,7 +159,10 @@ def test_plan_under_a_tight_budget_recomputes_and_fits(
     args = ["plan", str(sample_parquet), *TINY, "--vram-budget", str(budget), "--json", str(tight)]
     code, out, err = run_cli([*args, "--quiet"], capsys)
     assert code == 0, err
-    plan = autockpt.Plan.model_validate_json(out)  # --quiet prints the plan as JSON
+    # --quiet prints two JSON lines: the column table, then the plan.
+    columns, plan_line = out.splitlines()
+    assert json.loads(columns)["kind"] == "columns"
+    plan = autockpt.Plan.model_validate_json(plan_line)
     assert plan == autockpt.Plan.model_validate_json(tight.read_text())
     assert f"{budget:,} bytes" in plan.budget_reading
     assert plan.fits and plan.predicted_peak_bytes <= budget

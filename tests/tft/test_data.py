@@ -114,15 +114,16 @@ def test_target_is_the_row_after_the_encoder(
     indices = np.array([0, 17, len(data.validation) - 1])
     batch = data.validation.batch(indices)
     denormalize = data.normalizer.denormalize_target
+    targets = denormalize(batch.target.double(), batch.symbol_index)  # (B, Td)
     for i, start in enumerate(data.validation.starts[indices]):
         last_encoder_row = start + ENCODER - 1
         for h in range(HORIZON):
             row = last_encoder_row + h + 1
-            assert math.isclose(
-                float(denormalize(batch.target[i, h])), kept["log_return"][row], abs_tol=1e-8
-            )
+            assert math.isclose(float(targets[i, h]), kept["log_return"][row], abs_tol=1e-8)
             assert batch.decoder_time_ns[i, h] == kept["time_ns"][row]
-        history = denormalize(batch.encoder_observed[i, :, 0].double()).numpy()
+        history = denormalize(
+            batch.encoder_observed[i : i + 1, :, 0].double(), batch.symbol_index[i : i + 1]
+        )[0].numpy()
         np.testing.assert_allclose(history, kept["log_return"][start : start + ENCODER], atol=1e-8)
 
 
@@ -132,10 +133,13 @@ def test_normalizer_fitted_on_train_rows_only(
     train_end = kept["time_ns"][_window_rows(data.validation)].min()
     train_rows = kept["time_ns"] < train_end
     stats = data.normalizer
-    assert math.isclose(stats.target_mean, kept["log_return"][train_rows].mean(), rel_tol=1e-9)
-    assert math.isclose(stats.target_std, kept["log_return"][train_rows].std(), rel_tol=1e-9)
-    open_index = stats.roles.observed.index("open")
-    assert math.isclose(stats.observed_mean[open_index], kept["open"][train_rows].mean())
+    for index, symbol in enumerate(data.symbols):
+        rows = train_rows & (kept["symbol"] == symbol)
+        returns = kept["log_return"][rows]
+        assert math.isclose(stats.target.mean[index], returns.mean(), rel_tol=1e-9)
+        assert math.isclose(stats.target.std[index], returns.std(), rel_tol=1e-9)
+        assert math.isclose(stats.reals["open"].mean[index], kept["open"][rows].mean())
+        assert math.isclose(stats.reals["open"].std[index], kept["open"][rows].std())
 
     table = pq.read_table(bars_path)
     times = table["timestamp"].cast(pa.int64()).to_numpy()
@@ -156,9 +160,12 @@ def test_normalizer_round_trip(data: WindowedData, bars_path: Path) -> None:
     restored = Normalizer.from_dict(saved)
     assert restored == data.normalizer
     values = np.array([-1.0, 0.0, 2.5])
-    expected = values * restored.target_std + restored.target_mean
-    np.testing.assert_allclose(restored.denormalize_target(values), expected)
-    tensor = restored.denormalize_target(torch.tensor(values))
+    symbols = np.array([1, 0, 1])
+    mean, std = np.array(restored.target.mean), np.array(restored.target.std)
+    expected = values * std[symbols] + mean[symbols]
+    assert mean[0] != mean[1]  # each symbol its own scale
+    np.testing.assert_allclose(restored.denormalize_target(values, symbols), expected)
+    tensor = restored.denormalize_target(torch.tensor(values), torch.tensor(symbols))
     assert isinstance(tensor, torch.Tensor)
     np.testing.assert_allclose(tensor.numpy(), expected)
 
@@ -186,7 +193,8 @@ def test_whole_file_without_splits(bars_path: Path, kept: dict[str, np.ndarray])
     rows_per_symbol = len(kept["symbol"]) // 2
     assert len(whole.whole) == 2 * (rows_per_symbol - ENCODER - HORIZON + 1)
     assert len(whole.train) == len(whole.validation) == len(whole.test) == 0
-    assert math.isclose(whole.normalizer.target_mean, kept["log_return"].mean(), rel_tol=1e-9)
+    es = kept["log_return"][kept["symbol"] == "ES"]
+    assert math.isclose(whole.normalizer.target.mean[0], es.mean(), rel_tol=1e-9)
 
 
 def _minute_table(num_rows: int = 60, **overrides: np.ndarray | pa.Array) -> pa.Table:
@@ -229,8 +237,10 @@ def test_calendar_features_and_interleaved_symbols(tmp_path: Path) -> None:
     np.testing.assert_allclose(batch.encoder_known[0, 0, 1:].numpy(), expected, atol=1e-6)
     assert int(batch.symbol_index[0]) == 0  # ES, although the file lists NQ first
     # The ES closes are 101, 103, 105, ...: every difference is 2, a constant target.
-    assert loaded.normalizer.target_mean == 2.0 and loaded.normalizer.target_std == 1.0
-    np.testing.assert_allclose(loaded.normalizer.denormalize_target(batch.target).numpy(), 2.0)
+    assert loaded.normalizer.target.mean == [2.0, 2.0]
+    assert loaded.normalizer.target.std == [1.0, 1.0]
+    denormalized = loaded.normalizer.denormalize_target(batch.target, batch.symbol_index)
+    np.testing.assert_allclose(denormalized.numpy(), 2.0)
 
 
 def test_target_none_keeps_every_row(tmp_path: Path) -> None:
@@ -240,7 +250,8 @@ def test_target_none_keeps_every_row(tmp_path: Path) -> None:
     assert loaded.observed_columns == ["close_level", "feature"]
     assert len(loaded.whole) == 2 * (30 - 5 + 1)
     batch = loaded.whole.batch([0])
-    assert loaded.normalizer.denormalize_target(batch.target[0, 0]).item() == pytest.approx(107.0)
+    first = loaded.normalizer.denormalize_target(batch.target, batch.symbol_index)[0, 0]
+    assert first.item() == pytest.approx(107.0)
 
 
 def test_normalizer_from_other_symbols_rejected(tmp_path: Path) -> None:
@@ -300,15 +311,15 @@ BAD_INPUTS = {
         {},
         "no target column 'close'",
     ),
-    "text observed": (
-        _write_table(_minute_table(feature=np.array(["a"] * 60))),
+    "binary observed": (
+        _write_table(_minute_table(feature=pa.array([b"a"] * 60))),
         {"roles": ColumnRoles(observed=["feature"])},
-        "observed column 'feature' has type string, not a number",
+        "observed column 'feature' has type binary, neither a number nor a category",
     ),
-    "text known": (
-        _write_table(_minute_table(flag=np.array(["x"] * 60))),
-        {"roles": ColumnRoles(known=["flag"])},
-        "known column 'flag' has type string, not a number",
+    "text target": (
+        _write_table(_minute_table(close=np.array(["x"] * 60))),
+        {},
+        "target column 'close' has type string, not a number",
     ),
     "all NaN": (
         _write_table(_minute_table(feature=np.full(60, np.nan))),

@@ -6,6 +6,7 @@ import pytest
 
 from autockpt.errors import BudgetError, ConfigError
 from autockpt.training.config import TrainConfig, load_train_config
+from autockpt.training.settings import column_roles
 
 
 def write_toml(tmp_path: Path, text: str) -> Path:
@@ -24,7 +25,8 @@ def test_defaults_leave_preset_values_unset() -> None:
 def test_toml_values_and_command_line_overrides(tmp_path: Path) -> None:
     path = write_toml(
         tmp_path,
-        'preset = "tiny"\nepochs = 3\nvram_budget = "2GB"\nknown_columns = ["a", "b"]\n',
+        'preset = "tiny"\nepochs = 3\nvram_budget = "2GB"\nknown_columns = ["a", "b"]\n'
+        'static_columns = ["exchange"]\nignore_columns = ["raw"]\nscaling = "global"\n',
     )
     config = load_train_config(path, {"epochs": 5, "lr": None})
     assert config.preset == "tiny"
@@ -32,6 +34,9 @@ def test_toml_values_and_command_line_overrides(tmp_path: Path) -> None:
     assert config.lr == TrainConfig().lr  # None leaves the default alone
     assert config.known_columns == ("a", "b")
     assert config.vram_budget == "2GB"
+    roles = column_roles(config)
+    assert (roles.known, roles.static, roles.ignore) == (["a", "b"], ["exchange"], ["raw"])
+    assert roles.scaling == "global" and roles.observed is None
 
 
 def test_base_values_sit_under_the_file(tmp_path: Path) -> None:

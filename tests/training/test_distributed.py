@@ -124,8 +124,10 @@ def test_only_rank_zero_prints_and_writes(two_rank_run: tuple[Path, list[str]]) 
         lines = [line for line in stdout.splitlines() if line.startswith("{")]
         assert sum('"kind": "start"' in line for line in lines) == 1
         assert sum('"kind": "summary"' in line for line in lines) == 1
+        assert sum('"kind": "columns"' in line for line in lines) == 1
     assert sorted(p.name for p in ddp.iterdir()) == [
         "best.pt",
+        "columns.json",
         "config.json",
         "last.pt",
         "metrics.jsonl",
@@ -193,6 +195,7 @@ def test_fsdp_ranks_give_the_losses_of_one_process_with_the_global_batch(
     # One writer: the same files as one process, every step once.
     assert sorted(p.name for p in fsdp.iterdir()) == [
         "best.pt",
+        "columns.json",
         "config.json",
         "last.pt",
         "metrics.jsonl",

@@ -7,9 +7,11 @@ several tests read them.
 from __future__ import annotations
 
 import io
+import json
 import math
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -19,7 +21,13 @@ from autockpt.errors import DeviceError
 from autockpt.training.config import TrainConfig
 from autockpt.training.prepare import prepare
 from autockpt.training.progress import JsonLinesReporter
-from autockpt.training.runs import BEST_FILE, LAST_FILE, PLAN_FILE, RunFolder
+from autockpt.training.runs import (
+    BEST_FILE,
+    LAST_FILE,
+    PLAN_FILE,
+    RunFolder,
+    saved_model_config,
+)
 from autockpt.training.schedule import learning_rate_factor
 from autockpt.training.settings import SAMPLE_DATA, resolve_device, resolve_precision
 from autockpt.training.train import Trainer
@@ -71,6 +79,7 @@ def checkpointed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_run_writes_every_file(plain_run: Path) -> None:
     assert sorted(p.name for p in plain_run.iterdir()) == [
         "best.pt",
+        "columns.json",
         "config.json",
         "last.pt",
         "metrics.jsonl",
@@ -88,6 +97,9 @@ def test_a_run_writes_every_file(plain_run: Path) -> None:
     assert summary["budget_bytes"] is None and summary["within_budget"] is None
     config = TrainConfig.model_validate_json((plain_run / "config.json").read_text())
     assert config.preset == "tiny" and config.out == plain_run
+    columns = json.loads((plain_run / "columns.json").read_text())
+    assert [column["name"] for column in columns] == pq.read_schema(config.data).names
+    assert {column["role"] for column in columns} == {"timestamp", "symbol", "target", "observed"}
     checkpoint = RunFolder(plain_run).load_checkpoint(LAST_FILE)
     assert {"model", "optimizer", "scheduler", "rng", "normalizer", "model_config"} <= set(
         checkpoint
@@ -122,7 +134,8 @@ def test_validation_metrics_are_those_of_best_pt(plain_run: Path) -> None:
     error = target - prediction
     pinball = torch.maximum(levels * error, (levels - 1) * error)
     median = prediction[..., list(config.quantiles).index(0.5)]
-    median_error = (median - batch.target.double()) * normalizer.target_std
+    scale = torch.tensor(normalizer.target.std, dtype=torch.float64)[batch.symbol_index, None]
+    median_error = (median - batch.target.double()) * scale
     inside = (target[..., 0] >= prediction[..., 0]) & (target[..., 0] <= prediction[..., -1])
     assert 0.0 < float(inside.double().mean()) < 1.0  # the fixture's coverage says something
     assert logged["val_loss"] == pytest.approx(float(pinball.mean()), rel=1e-5)
@@ -337,3 +350,12 @@ def test_a_run_plans_in_the_process_it_trains_in(
     assert timed_on and set(timed_on) == {1}
     first = RunFolder(out).read_metrics()[0]
     assert "1 torch thread(s)" in first["message"]
+
+
+def test_a_run_saved_before_categorical_inputs_existed_still_matches_its_model() -> None:
+    config = get_preset("tiny", static_cardinalities=[2])
+    saved = config.model_dump(mode="json")
+    for field in ("observed_categorical_cardinalities", "known_categorical_cardinalities"):
+        del saved[field]
+    assert saved_model_config({"model_config": saved}) == config.model_dump(mode="json")
+    assert saved_model_config({"model_config": {"hidden_size": -1}}) == {"hidden_size": -1}
