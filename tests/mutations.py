@@ -213,6 +213,28 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "lightning-plan-not-installed",
+        "the Lightning callback plans but Lightning trains the module without the plan",
+        "autockpt/lightning/callback.py",
+        "self._installed = InstalledPlan(pl_module, planned)",
+        "self._installed = InstalledPlan(pl_module, step)",
+        (
+            "tests/lightning/test_callback.py::"
+            "test_the_planned_run_takes_the_plain_runs_losses_under_half_its_peak",
+        ),
+    ),
+    Mutation(
+        "lightning-gradients-kept",
+        "the last step's gradients stay alive through Lightning's forward",
+        "autockpt/lightning/callback.py",
+        "                optimizer.zero_grad(set_to_none=True)",
+        "                pass",
+        (
+            "tests/lightning/test_callback.py::"
+            "test_the_planned_run_takes_the_plain_runs_losses_under_half_its_peak",
+        ),
+    ),
+    Mutation(
         "unseen-category-is-a-category",
         "a value the training rows never had gets a real category's code",
         "tft/categories.py",

@@ -234,12 +234,19 @@ class FakeTrainingState:
         traced: the traced model, or the module chain of one that does not trace (measured
             on a real copy when its ``fake_mode`` is ``None``; NOTE [Module chain]).
         optimizer: what optimizer state to count (see :func:`make_optimizer`).
+        gradients_live: every gradient is alive from the start of the step, as in the steady
+            state of micro-batches (a loop that accumulates, or zeroes after the forward).
     """
 
     def __init__(
-        self, traced: TracedModel | ModuleChain, *, optimizer: OptimizerSpec = "adamw"
+        self,
+        traced: TracedModel | ModuleChain,
+        *,
+        optimizer: OptimizerSpec = "adamw",
+        gradients_live: bool = False,
     ) -> None:
         self.traced = traced
+        self.gradients_live = gradients_live
         self.mode = traced.fake_mode
         self.model = traced.fake_module
         self.parameters = list(self.model.parameters())
@@ -400,7 +407,7 @@ def profile_step(
         with tracker:
             piece = _first_micro_batch(inputs, num_micro_batches, inputs)
             target_piece = _first_micro_batch(targets, num_micro_batches, inputs)
-            if num_micro_batches > 1:
+            if num_micro_batches > 1 or state.gradients_live:
                 # The steady state of accumulation: an earlier piece left every gradient live.
                 for parameter in state.parameters:
                     if parameter.requires_grad:

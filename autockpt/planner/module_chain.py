@@ -9,8 +9,9 @@ TFT does all three). For those the chain's segments are submodules instead of ru
 :class:`~autockpt.planner.memory.MemoryTracker`, with a pre- and a post-forward hook on every submodule.
 That gives the *call tree* (which module call ran inside which) and, for each call, the bytes it
 leaves alive at its end (what it saves for backward and returns: its *held* bytes). The chain
-starts as the root's calls, in order. While one link holds most (over half) of the chain's
-held bytes and its own calls hold most of its bytes, it is replaced by those calls: segments
+starts as the root's calls, in order. While one link holds over a third of the chain's held
+bytes (recomputed whole, it would bound the step's peak near that share) and its own calls
+hold most of its bytes, it is replaced by those calls: segments
 get finer where the memory is (a wrapper module is looked through; a ``ModuleList`` of blocks,
 which is never called itself, gives one segment per block). A call is a link only if its
 module runs once per forward and sits below the calling module in the module tree: a module
@@ -56,7 +57,7 @@ import weakref
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -70,9 +71,12 @@ from autockpt.planner.opaque import weigh_opaque
 from autockpt.planner.segmented import SegmentAction, SegmentObserver, SegmentRunner
 from autockpt.planner.trace import Segment, TracedModel, trace_model
 
-#: A link is looked into when it holds more than this share of the chain's bytes, and its own
-#: calls hold more than this share of its bytes (NOTE [Module chain]).
-DESCEND_SHARE = 0.5
+Tracing = Literal["auto", "forward-hooks"]
+"""How :func:`autockpt.plan` finds segments: fx with the module chain as fallback, or the chain."""
+
+#: A link is looked into when it holds more than DESCEND_SHARE of the chain's bytes and its
+#: own calls more than COVERED_SHARE of its bytes (NOTE [Module chain]).
+DESCEND_SHARE, COVERED_SHARE = 1 / 3, 0.5
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,7 @@ class ModuleChain:
 
 
 def trace_or_find_modules(
-    model: torch.nn.Module, example_inputs: Sequence[Any]
+    model: torch.nn.Module, example_inputs: Sequence[Any], *, tracing: Tracing = "auto"
 ) -> TracedModel | ModuleChain:
     """The fx chain of :func:`~autockpt.planner.trace.trace_model`, or the module chain when fx fails.
 
@@ -113,6 +117,8 @@ def trace_or_find_modules(
         model: the model to plan.
         example_inputs: positional inputs at the training batch size; a dict or other nest of
             tensors sends the model to the fallback directly (the fx stages take tensors).
+        tracing: ``"forward-hooks"`` skips fx and finds the module chain, without a warning
+            (the caller asked for it; the chain's note still says so).
 
     Returns:
         A :class:`~autockpt.planner.trace.TracedModel`, or a :class:`ModuleChain`.
@@ -121,6 +127,8 @@ def trace_or_find_modules(
         TraceError: neither fx nor forward hooks find a chain (the message gives both reasons).
     """
     name = type(model).__name__
+    if tracing == "forward-hooks":
+        return find_module_chain(model, example_inputs, why="module-level segments asked for")
     if all(isinstance(x, torch.Tensor) or not _is_nest(x) for x in example_inputs):
         try:
             traced = trace_model(model, example_inputs)
@@ -333,7 +341,7 @@ def _choose_links(calls: list[_Call]) -> list[int]:
         if (
             not below
             or calls[largest].held_bytes <= DESCEND_SHARE * total
-            or covered <= DESCEND_SHARE * calls[largest].held_bytes
+            or covered <= COVERED_SHARE * calls[largest].held_bytes
         ):
             break
         position = chain.index(largest)

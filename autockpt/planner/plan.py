@@ -18,6 +18,7 @@ from autockpt.errors import InfeasibleBudgetError
 from autockpt.planner.host import cyclic_gc_paused, one_cpu_thread
 from autockpt.planner.measure import LossFn, OptimizerSpec
 from autockpt.planner.modes import training_mode
+from autockpt.planner.module_chain import Tracing
 from autockpt.planner.plan_model import Plan
 from autockpt.planner.planning import device_reserve, plan_one_process
 from autockpt.planner.sharding import (
@@ -50,6 +51,8 @@ def plan(
     autocast_dtype: torch.dtype | None = None,
     world_size: int = 1,
     parallelism: Parallelism | None = None,
+    tracing: Tracing = "auto",
+    gradients_live: bool = False,
 ) -> Plan:
     """Plan a training step of ``model`` that fits ``budget`` (NOTE [Planning]).
 
@@ -94,6 +97,14 @@ def plan(
             per unit); default ``"single"`` for one rank, else ``"ddp"``. The planner adds
             the per-rank difference to the measured step (NOTE [Per-rank accounting]);
             ``verify`` defaults to off unless ``"single"`` (a check step is one process).
+        tracing: ``"auto"`` traces with torch.fx and falls back to module-level segments
+            found with forward hooks (NOTE [Module chain]); ``"forward-hooks"`` plans
+            module-level segments directly, so that the plan acts on the model's submodules
+            and not on a traced copy of its forward (what a wrapper whose ``forward`` runs
+            someone else's training step needs, e.g. :mod:`autockpt.lightning`).
+        gradients_live: the loop keeps every gradient alive through the forward (it
+            accumulates them over batches, or zeroes them only after the forward): they are
+            counted from the start of the step.
 
     Returns:
         The plan: which segments recompute (and in how many chunks), how many micro-batches,
@@ -160,6 +171,8 @@ def plan(
                     allow_chunks=allow_chunks,
                     autocast_dtype=autocast_dtype,
                     cpu_threads=cpu_threads,
+                    tracing=tracing,
+                    gradients_live=gradients_live,
                     share=share,
                 ),
                 share,

@@ -56,7 +56,7 @@ from autockpt.planner.measure import (
     profile_step,
 )
 from autockpt.planner.memory import RealSizeOracle
-from autockpt.planner.module_chain import ModuleChain, trace_or_find_modules
+from autockpt.planner.module_chain import ModuleChain, Tracing, trace_or_find_modules
 from autockpt.planner.plan_model import PeakBreakdown, Plan, SegmentPlan, Strategy
 from autockpt.planner.search import BudgetSearch
 from autockpt.planner.segmented import KEEP, SegmentAction
@@ -94,10 +94,12 @@ def plan_one_process(
     allow_chunks: bool,
     autocast_dtype: torch.dtype | None,
     cpu_threads: int = 1,
+    tracing: Tracing = "auto",
+    gradients_live: bool = False,
 ) -> Plan:
     started = time.perf_counter()
     batch_size = _batch_size(example_inputs)
-    traced = trace_or_find_modules(model, example_inputs)  # warns when it falls back
+    traced = trace_or_find_modules(model, example_inputs, tracing=tracing)  # warns on fallback
     oracle = RealSizeOracle()
     context_bytes, headroom_fraction = device_reserve(device)
     # Tensors may take what is left after the context, less the allocator's share of it.
@@ -107,7 +109,7 @@ def plan_one_process(
         """What the device shows for ``tensor_bytes`` of tensors: plus context and slack."""
         return tensor_bytes + context_bytes + int(tensor_bytes * headroom_fraction)
 
-    fake_state = FakeTrainingState(traced, optimizer=optimizer)
+    fake_state = FakeTrainingState(traced, optimizer=optimizer, gradients_live=gradients_live)
     # The first profile runs the optimizer; the others reuse its step peak.
     kept = profile_step(
         fake_state,
