@@ -4,6 +4,9 @@ MemoryPlan, compared step by step; memory counted by the tests' own counter."""
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +222,40 @@ def test_a_resumed_run_gets_the_same_plan_and_the_same_losses(tmp_path: Path) ->
 def test_a_budget_only_micro_batches_would_meet_names_accumulate_grad_batches() -> None:
     with pytest.raises(InfeasibleBudgetError, match="accumulate_grad_batches=N"):
         _fit(Regressor(), [MemoryPlan(budget=2**20, show=False)], limit_train_batches=1)
+
+
+DDP_RUN = """
+import torch, lightning.pytorch as pl
+from tests.lightning.test_callback import Regressor, _loader
+from autockpt.lightning import MemoryPlan
+class Done(pl.Callback):
+    def on_train_end(self, trainer, pl_module):
+        print(f"rank {trainer.global_rank} trained {trainer.global_step}", flush=True)
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    trainer = pl.Trainer(
+        max_epochs=1, limit_train_batches=2, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=2,
+        strategy="ddp_spawn",
+        callbacks=[MemoryPlan(budget=10**8, use_gradient_checkpointing=True), Done()],
+    )
+    trainer.fit(Regressor(dropout=0.0), _loader())
+"""
+
+
+@pytest.mark.slow
+def test_two_ranks_take_rank_zeros_plan_and_print_it_once(tmp_path: Path) -> None:
+    script = tmp_path / "ddp_run.py"
+    script.write_text(DDP_RUN)
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("memory plan (checkpoint-all, batch 512 per rank, 2 ranks ddp") == 1
+    assert "rank 0 trained 2" in done.stdout and "rank 1 trained 2" in done.stdout
