@@ -19,6 +19,10 @@ NOTE [Planning]
    c. if the whole step is batch-separable, micro-batches: the step measured again at half the
       batch, every quantity fitted as ``a + c * s``, ``s`` the largest piece's share of the
       batch (counts need not divide it).
+   A stage whose cheapest fit adds more than ``WIDEN_PAST_SHARE`` of the plain step's time
+   does not end the search: the next stage is examined too, and the solver then chooses over
+   everything examined (a budget met only by many chunks may be met faster by a few
+   micro-batches).
 4. Measure the chosen plan itself on fake tensors. That measurement is the predicted peak. If
    the solver's estimate was optimistic and the plan does not fit, solve again against a budget
    lowered by the overshoot (a few rounds), then try the next stage, and fail with
@@ -78,6 +82,8 @@ DEFAULT_CUDA_CONTEXT_BYTES = 512 * 2**20
 #: What the caching allocator reserves beyond the tensors it holds (rounding, fragmentation),
 #: as a share of the tensor bytes.
 CUDA_HEADROOM_FRACTION = 0.10
+#: A fit adding more than this share of the plain step's time widens the options further.
+WIDEN_PAST_SHARE = 0.10
 
 
 def plan_one_process(
@@ -277,7 +283,12 @@ def plan_one_process(
 
         found = None
         for widen in (plain_recompute, regions_and_chunks, micro_batches):
-            if widen() and (found := search.fit(usable_bytes, notes)):
+            if not widen():
+                continue
+            # A later stage's fit weighs every option examined so far (NOTE [Planning], 3).
+            found = search.fit(usable_bytes, notes) or found
+            plain_s = builder.costs.unplanned_step_s()
+            if found and _extra_s(builder, found[0]) <= WIDEN_PAST_SHARE * plain_s:
                 break
         if found is None:
             found = search.lowest_peak_fit(usable_bytes, notes)
@@ -327,6 +338,15 @@ def plan_one_process(
         notes=notes,
         tracing="forward-hooks" if isinstance(traced, ModuleChain) else "fx",
     )
+
+
+def _extra_s(builder: ChainBuilder, decision: Decision) -> float:
+    """The seconds ``decision`` adds to the step, as the costs know them now."""
+    extra_s = builder.micro_batch_s(decision.num_micro_batches)
+    for action, (first, end) in zip(decision.actions, decision.spans, strict=True):
+        if action.recompute:
+            extra_s += _recompute_s(builder.costs, first, end, action, decision)
+    return extra_s
 
 
 def _segment_plans(builder: ChainBuilder, whole: Profiles, decision: Decision) -> list[SegmentPlan]:

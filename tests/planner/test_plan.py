@@ -107,6 +107,9 @@ CHUNKS_THEN_PIECES = {
     "tft-tiny": (0.6, 0.4),
     "tft-small": (0.3, 0.15),
 }
+#: Per model with dropout on, a share of the unplanned peak that plans without micro-batches
+#: only by running chunks (the sweep's own budgets may prefer micro-batches).
+CHUNKED_WITH_DROPOUT = {"mlp": 0.5, "transformer": 0.25, "tft-tiny": 0.5, "tft-small": 0.3}
 #: Models whose tight budgets take 10 s or more to plan on 2 busy cores: slow tests.
 SLOW_MODELS = ("transformer", "tft-tiny", "tft-small")
 
@@ -124,7 +127,10 @@ def test_chunks_and_micro_batches_keep_gradients_with_dropout_off(name, fixed_ti
     _, want_loss, want = measured_step(model, inputs)
     unplanned = _unplanned_peak(model, inputs)
     chunked_share, split_share = CHUNKS_THEN_PIECES[name]
-    chunked = autockpt.plan(model, inputs, int(unplanned * chunked_share))
+    # Without micro-batches, so that the first budget is met by chunks whatever they cost.
+    chunked = autockpt.plan(
+        model, inputs, int(unplanned * chunked_share), allow_micro_batches=False
+    )
     split = autockpt.plan(model, inputs, int(unplanned * split_share))
     assert any(s.num_chunks > 1 for s in chunked.segments), "the first budget must chunk"
     assert split.num_micro_batches > 1, "the second budget must split the batch"
@@ -150,6 +156,12 @@ def test_measured_peak_stays_under_budget_and_equals_prediction(name, fixed_time
         assert peak <= budget, f"measured {peak} over budget {budget} ({share} of unplanned)"
         assert plan.predicted_peak_bytes == peak, f"at {share} of unplanned"
         plans.append(plan)
+    # Without micro-batches this budget is met by chunks: their peak is checked too.
+    budget = int(unplanned * CHUNKED_WITH_DROPOUT[name])
+    chunked = autockpt.plan(model, inputs, budget, allow_micro_batches=False)
+    peak, _, _ = measured_step(model, inputs, chunked)
+    assert peak <= budget and chunked.predicted_peak_bytes == peak
+    plans.append(chunked)
     assert plans[0].num_recomputed == 0
     assert any(s.num_chunks > 1 for plan in plans for s in plan.segments), "no budget chunked"
     assert any(plan.num_micro_batches > 1 for plan in plans), "no budget split the batch"
