@@ -66,9 +66,10 @@ def test_a_plan_at_half_keeps_the_gradients_and_its_measured_peak():
     model, inputs = _model_and_batch()
     unplanned_bytes, _, plain = measured_step(model, inputs)
     budget = autockpt.plan(model, inputs, 10**12).unplanned_peak_bytes // 2
-    # Recompute, not micro-batches (whose summed pieces round differently): the traced graph
-    # at the argument's default is what runs twice.
-    plan = autockpt.plan(model, inputs, budget, allow_micro_batches=False)
+    # Recompute, not micro-batches or chunks (whose summed pieces round differently, and
+    # which a costly recompute may now be weighed against): the traced graph at the
+    # argument's default is what runs twice.
+    plan = autockpt.plan(model, inputs, budget, allow_micro_batches=False, allow_chunks=False)
     assert plan.tracing == "fx" and plan.num_recomputed > 0
     peak_bytes, _, planned = measured_step(model, inputs, plan)
     assert peak_bytes <= budget < unplanned_bytes
@@ -147,7 +148,7 @@ def test_keyword_arguments_of_every_kind_plan_and_keep_the_gradients():
     model, inputs = KeywordEverything(), (torch.randn(BATCH, WIDTH),)
     unplanned_bytes, _, plain = measured_step(model, inputs)
     budget = autockpt.plan(model, inputs, 10**12).unplanned_peak_bytes // 2
-    plan = autockpt.plan(model, inputs, budget, allow_micro_batches=False)
+    plan = autockpt.plan(model, inputs, budget, allow_micro_batches=False, allow_chunks=False)
     assert plan.tracing == "fx"
     assert not any("timing the real model failed" in note for note in plan.notes), plan.notes
     peak_bytes, _, planned = measured_step(model, inputs, plan)
