@@ -237,7 +237,8 @@ def _resolve_roles(
             f"column '{clashes[0]}' has two roles ({', '.join(held)}); give each column one "
             "role in ColumnRoles",
         )
-    for name in static:
+    # Inferred static columns were found constant above; named ones are checked here.
+    for name in roles.static or []:
         if not is_constant(name, symbol):
             raise _error(
                 path,

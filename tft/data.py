@@ -47,6 +47,7 @@ at decoder step ``h`` (0-based) is the row ``h + 1`` steps after the last encode
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -429,12 +430,15 @@ def _columns_to_read(schema: pa.Schema, roles: ColumnRoles) -> list[str]:
 
 
 def _constancy_check(table: pa.Table) -> ConstantWithinSymbols:
-    def is_constant(name: str, symbol: str | None) -> bool:
+    @functools.cache
+    def groups_of(symbol: str | None) -> np.ndarray:
+        """Each row's symbol as an int label, coded once for every column checked."""
         if symbol is None:
-            groups = np.zeros(table.num_rows, dtype=np.int64)
-        else:
-            encoded = pc.dictionary_encode(category_text(table, symbol)).combine_chunks()
-            groups = encoded.indices.fill_null(-1).to_numpy().astype(np.int64)
-        return constant_within_groups(category_text(table, name), groups)
+            return np.zeros(table.num_rows, dtype=np.int64)
+        encoded = pc.dictionary_encode(category_text(table, symbol)).combine_chunks()
+        return encoded.indices.fill_null(-1).to_numpy().astype(np.int64)
+
+    def is_constant(name: str, symbol: str | None) -> bool:
+        return constant_within_groups(category_text(table, name), groups_of(symbol))
 
     return is_constant

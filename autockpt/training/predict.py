@@ -122,7 +122,7 @@ def predict(
             forecasts.append(normalizer.denormalize_target(prediction.numpy(), symbol_index))
             actuals.append(normalizer.denormalize_target(batch.target.numpy(), symbol_index))
             times.append(batch.decoder_time_ns.numpy())  # (B, H)
-            symbols.append(batch.symbol_index.numpy())  # (B,)
+            symbols.append(symbol_index)  # (B,)
 
     unknown_rows = {
         column.name: column.unknown_rows
