@@ -235,6 +235,28 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "span-rerun-forgets-rng",
+        "a span's rerun in backward draws new dropout masks",
+        "autockpt/planner/module_spans.py",
+        "                torch.set_rng_state(call.cpu_rng)",
+        "                pass",
+        (
+            "tests/planner/test_module_spans.py::"
+            "test_a_budget_plan_recomputes_spans_fits_and_keeps_every_gradient_with_dropout_on",
+        ),
+    ),
+    Mutation(
+        "spans-never-offered",
+        "the module chain's links are recomputed one by one only, never as spans",
+        "autockpt/planner/module_chain.py",
+        "    ordered = sorted(cuts)",
+        "    ordered = list(range(count + 1))",
+        (
+            "tests/planner/test_module_spans.py::"
+            "test_forced_checkpointing_lowers_the_peak_of_a_chain_of_linears_through_hooks",
+        ),
+    ),
+    Mutation(
         "unseen-category-is-a-category",
         "a value the training rows never had gets a real category's code",
         "tft/categories.py",

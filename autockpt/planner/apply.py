@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from autockpt.errors import PlanMismatchError
-from autockpt.planner.module_chain import apply_module_plan
+from autockpt.planner.module_planned import apply_module_plan
 from autockpt.planner.plan_model import Plan
 from autockpt.planner.planned_module import planned_module
 from autockpt.planner.segmented import SegmentAction
@@ -58,7 +58,7 @@ def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
         # Module-level segments (NOTE [Module chain]): a shallow copy with checkpointed links.
         return apply_module_plan(
             model,
-            [segment.modules[0] for segment in plan.segments],
+            [segment.modules for segment in plan.segments],
             [segment.recomputed for segment in plan.segments],
         )
     graph = trace_graph(model)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from autockpt.planner.measure import StepProfile
-from autockpt.planner.module_chain import ModuleChain
+from autockpt.planner.module_chain import ModuleChain, module_segments
 from autockpt.planner.segmented import KEEP, SegmentAction
 from autockpt.planner.separable import Separability
 from autockpt.planner.solve import Chain, Option, Solution
@@ -304,9 +304,12 @@ class ChainBuilder:
             position = end
         if all(end - first == 1 for first, end in spans):
             segments = [self.traced.segments[first] for first, _ in spans]
+        elif isinstance(self.traced, ModuleChain):
+            groups = [
+                [s.module_paths[0] for s in self.traced.segments[first:end]] for first, end in spans
+            ]
+            segments = list(module_segments(groups))
         else:
-            # Only fx chains have regions that span several segments.
-            assert isinstance(self.traced, TracedModel), "merged regions need an fx graph"
             graph: fx.Graph = self.traced.graph_module.graph
             segments = list(segments_from_node_lists(graph, node_lists))
         return Decision(segments, actions, reasons, num_micro_batches, spans)

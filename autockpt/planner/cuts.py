@@ -91,7 +91,7 @@ def choose_cuts(
         target_num_segments: how finely to cut where cutting is cheap.
     """
     count = len(compute_nodes)
-    costs = _CutCosts(compute_nodes, node_bytes, owners, target_num_segments)
+    costs = _node_costs(compute_nodes, node_bytes, owners, target_num_segments)
     positions = {node.name: i for i, node in enumerate(compute_nodes)}
     forbidden = forbidden_cuts(positions, writes, placeholders)
     allowed = [p for p in range(count + 1) if p not in forbidden or p in (0, count)]
@@ -115,46 +115,26 @@ def choose_cuts(
     return Cuts(segments=sorted(set(units) | (before_writes - {0})), units=units, regions=regions)
 
 
-class _CutCosts:
-    """The quantities of NOTE [Cut points] over the compute nodes, and the DP that uses them."""
+class RunCosts:
+    """The DP of NOTE [Cut points] over any sequence of pieces: each piece's bytes, and the
+    bytes crossing each position between them.
 
-    def __init__(
-        self,
-        compute_nodes: list[fx.Node],
-        node_bytes: Mapping[str, int],
-        owners: Mapping[str, str],
-        target_num_segments: int,
-    ) -> None:
-        count = len(compute_nodes)
-        position = {node: i for i, node in enumerate(compute_nodes)}
-        weights = np.array([node_bytes.get(n.name, 0) for n in compute_nodes], dtype=np.float64)
-        # A storage lives until the last use of the node that made it or of any view of it.
-        last_use = {
-            node.name: max(
-                (position.get(user, count) for user in node.users), default=position[node]
-            )
-            for node in compute_nodes
-        }
-        for view, owner in owners.items():
-            if owner in last_use and view in last_use:
-                last_use[owner] = max(last_use[owner], last_use[view])
-        # crossing[p]: bytes produced before position p and read at or after it.
-        delta = np.zeros(count + 1, dtype=np.float64)
-        for node in compute_nodes:
-            last = last_use[node.name]
-            start = position[node] + 1
-            if last >= start:
-                delta[start] += weights[position[node]]
-                delta[last + 1 if last < count else count] -= weights[position[node]]
-        self.crossing = np.cumsum(delta)
-        self.crossing[count] = 0.0
+    Args:
+        weights: bytes of each piece, in order.
+        crossing: for each position ``p`` (``0`` before the first piece, ``len(weights)`` after
+            the last), the bytes made before it and read at or after it.
+        target_num_segments: how finely to cut where cutting is cheap.
+    """
+
+    def __init__(self, weights: np.ndarray, crossing: np.ndarray, target_num_segments: int) -> None:
+        self.crossing = crossing
         self.prefix = np.concatenate([[0.0], np.cumsum(weights)])
         self.total = max(float(self.prefix[-1]), 1.0)
         # A small price per segment keeps the DP from cutting at every free position.
         self.per_segment = self.total / (50.0 * max(target_num_segments, 1))
 
     def choose(self, crossing_weight: float, allowed: Sequence[int]) -> list[int]:
-        """Cut positions (0 first, the node count last) among ``allowed`` that minimise the
+        """Cut positions (0 first, the piece count last) among ``allowed`` that minimise the
         cost of NOTE [Cut points]."""
         points = np.array(list(allowed), dtype=np.int64)
         best = np.full(len(points), np.inf)
@@ -176,3 +156,34 @@ class _CutCosts:
         while chosen[-1] > 0:
             chosen.append(int(previous[chosen[-1]]))
         return [int(points[i]) for i in reversed(chosen)]
+
+
+def _node_costs(
+    compute_nodes: list[fx.Node],
+    node_bytes: Mapping[str, int],
+    owners: Mapping[str, str],
+    target_num_segments: int,
+) -> RunCosts:
+    """The DP's quantities over the compute nodes: each node's bytes, and what crosses."""
+    count = len(compute_nodes)
+    position = {node: i for i, node in enumerate(compute_nodes)}
+    weights = np.array([node_bytes.get(n.name, 0) for n in compute_nodes], dtype=np.float64)
+    # A storage lives until the last use of the node that made it or of any view of it.
+    last_use = {
+        node.name: max((position.get(user, count) for user in node.users), default=position[node])
+        for node in compute_nodes
+    }
+    for view, owner in owners.items():
+        if owner in last_use and view in last_use:
+            last_use[owner] = max(last_use[owner], last_use[view])
+    # crossing[p]: bytes produced before position p and read at or after it.
+    delta = np.zeros(count + 1, dtype=np.float64)
+    for node in compute_nodes:
+        last = last_use[node.name]
+        start = position[node] + 1
+        if last >= start:
+            delta[start] += weights[position[node]]
+            delta[last + 1 if last < count else count] -= weights[position[node]]
+    crossing = np.cumsum(delta)
+    crossing[count] = 0.0
+    return RunCosts(weights, crossing, target_num_segments)

@@ -34,7 +34,8 @@ from torch.utils.flop_counter import flop_registry
 
 from autockpt.planner.batch_split import batch_size_of, split_batch
 from autockpt.planner.memory import MemoryTracker, RealSizeOracle, flat_tensors, tensors_of
-from autockpt.planner.module_chain import ModuleChain, build_module_planned
+from autockpt.planner.module_chain import ModuleChain
+from autockpt.planner.module_planned import build_module_planned
 from autockpt.planner.outputs import output_tensors
 from autockpt.planner.segmented import (
     SegmentAction,
@@ -372,8 +373,7 @@ def profile_step(
     loss_fn = loss_fn or default_loss
     segments = state.traced.segments if segments is None else segments
     recorder = _StepRecorder(len(segments), count_work=count_work)
-    mode = state.mode
-    with _inside(mode), warnings.catch_warnings():
+    with _inside(mode := state.mode), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         traced = state.traced
         if isinstance(traced, ModuleChain):

@@ -30,7 +30,13 @@ the recompute (NOTE [Segment runners]). Shallow copies share every parameter, bu
 untouched submodule, so the planned module has the original's call signature and
 ``state_dict()`` keys, and the original keeps running without checkpoints. The runner gets the
 call's arguments flattened (keyword arguments and tensors inside dicts included), so backward
-attributes every autograd node to the right segment.
+attributes every autograd node to the right segment. Links recomputed one by one keep every
+input, which in a chain of ``Linear`` layers is everything they save; so the chain is also cut
+into *spans*, runs of consecutive links that may be recomputed as one (the cuts of NOTE [Cut
+points] over the links, each link weighing its held bytes and each cut its input bytes), which
+the solver offers as the fx path's regions (NOTE [Module spans]; built by
+:mod:`autockpt.planner.module_planned`). ``use_gradient_checkpointing=True`` recomputes the
+spans when that peaks lower than the links one by one.
 
 *Measuring it.* The fake copy is the planner's usual fake model, and the step measurements are
 those of :mod:`autockpt.planner.measure`: same tracker, same per-segment attribution, same chain
@@ -59,16 +65,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
+from torch.utils._pytree import tree_map_only
 
-from autockpt.errors import PlanMismatchError, TraceError
+from autockpt.errors import TraceError
+from autockpt.planner.cuts import SEGMENT_CROSSING_WEIGHT, RunCosts
 from autockpt.planner.fake import fake_copy
 from autockpt.planner.inplace import WriteRecorder
 from autockpt.planner.memory import MemoryTracker, flat_tensors
 from autockpt.planner.opaque import weigh_opaque
-from autockpt.planner.segmented import SegmentAction, SegmentObserver, SegmentRunner
 from autockpt.planner.trace import Segment, TracedModel, trace_model
 
 Tracing = Literal["auto", "forward-hooks"]
@@ -88,8 +95,9 @@ class ModuleChain:
 
     Attributes:
         segments: one per link, in call order; ``module_paths`` holds the module's path.
-        regions: one per segment (no region spans several: no chunked options).
-        region_segments: the segments again.
+        regions: runs of links that may be recomputed as one, as ``(first, end)`` positions
+            (NOTE [Module spans]); never chunked.
+        region_segments: one segment per region, with its links' module paths.
         fake_module: the copy steps are measured on: fake when the forward runs on fake
             tensors, else a real deep copy of the model.
         fake_mode: the fake tensor mode of ``fake_module``; ``None`` for a real copy.
@@ -188,8 +196,12 @@ def find_module_chain(
             f"{why}, and no submodule runs once per forward to be recomputed on its own; "
             "make the forward traceable by torch.fx or move its work into submodules"
         )
-    segments = module_segments(
-        [calls[i].path for i in links], keep_reasons=[calls[i].keep_reason for i in links]
+    reasons = [calls[i].keep_reason for i in links]
+    segments = module_segments([[calls[i].path] for i in links], keep_reasons=reasons)
+    regions = _choose_spans([calls[i] for i in links])
+    region_segments = module_segments(
+        [[calls[i].path for i in links[first:end]] for first, end in regions],
+        keep_reasons=[next(filter(None, reasons[first:end]), "") for first, end in regions],
     )
     note = (
         f"{why}; planning {len(segments)} module-level segments found with forward hooks, "
@@ -197,8 +209,8 @@ def find_module_chain(
     )
     return ModuleChain(
         segments=segments,
-        regions=tuple((i, i + 1) for i in range(len(segments))),
-        region_segments=segments,
+        regions=regions,
+        region_segments=region_segments,
         fake_module=copied,
         fake_mode=fake_mode,
         note=note,
@@ -206,21 +218,22 @@ def find_module_chain(
 
 
 def module_segments(
-    paths: Sequence[str], *, keep_reasons: Sequence[str] = ()
+    groups: Sequence[Sequence[str]], *, keep_reasons: Sequence[str] = ()
 ) -> tuple[Segment, ...]:
-    """One segment per module path, in order (no fx nodes), with its ``keep_reason`` if given."""
-    reasons = list(keep_reasons) or [""] * len(paths)
+    """One segment per group of module paths (a link, or a span of links), in order, with its
+    ``keep_reason`` if given; no fx nodes."""
+    reasons = list(keep_reasons) or [""] * len(groups)
     return tuple(
         Segment(
             index=index,
-            name=path,
+            name=group[0] if len(group) == 1 else f"{group[0]}..{group[-1]}",
             node_names=(),
-            module_paths=(path,),
+            module_paths=tuple(group),
             input_names=(),
             output_names=(),
             keep_reason=reason,
         )
-        for index, (path, reason) in enumerate(zip(paths, reasons, strict=True))
+        for index, (group, reason) in enumerate(zip(groups, reasons, strict=True))
     )
 
 
@@ -236,6 +249,8 @@ class _Call:
         is_link: whether it may be a link (NOTE [Module chain]).
         inputs: weak references to the storages of its tensor arguments.
         keep_reason: why it must not be recomputed (NOTE [In-place writes]), or "".
+        input_bytes: bytes of the storages its tensor arguments use (what recomputing from
+            it keeps).
     """
 
     path: str
@@ -246,6 +261,7 @@ class _Call:
     is_link: bool = True
     inputs: list[weakref.ref[torch.UntypedStorage]] = field(default_factory=list)
     keep_reason: str = ""
+    input_bytes: int = 0
 
     @property
     def held_bytes(self) -> int:
@@ -265,7 +281,9 @@ class _CallRecorder:
         parent = self.stack[-1] if self.stack else None
         call = _Call(path, parent, self.tracker.current_bytes)
         # Weak: holding them would keep them alive, and change the bytes each call holds.
-        call.inputs = [weakref.ref(t.untyped_storage()) for t in flat_tensors(arguments)]
+        storages = {id(s): s for s in (t.untyped_storage() for t in flat_tensors(arguments))}
+        call.inputs = [weakref.ref(storage) for storage in storages.values()]
+        call.input_bytes = sum(storage.nbytes() for storage in storages.values())
         self.calls.append(call)
         if parent is not None:
             self.calls[parent].children.append(len(self.calls) - 1)
@@ -349,105 +367,22 @@ def _choose_links(calls: list[_Call]) -> list[int]:
     return chain
 
 
-def build_module_planned(
-    model: torch.nn.Module,
-    segments: Sequence[Segment],
-    actions: Sequence[SegmentAction],
-    *,
-    observer: SegmentObserver | None = None,
-) -> torch.nn.Module:
-    """A shallow copy of ``model`` whose recomputed links run checkpointed (NOTE [Module chain]).
+def _choose_spans(links: Sequence[_Call]) -> tuple[tuple[int, int], ...]:
+    """Runs of links that may be recomputed as one (NOTE [Module spans]), as ``(first, end)``.
 
-    Args:
-        model: the model the chain was found on (or a copy of it).
-        segments: the links, each with its module path in ``module_paths[0]``.
-        actions: one per segment; only ``recompute`` is read (no chunks here).
-        observer: when given, every link (kept ones too) runs through a runner that reports to
-            it; the planner uses this to measure.
-
-    Returns:
-        A module with ``model``'s call signature and ``state_dict()`` keys, sharing its
-        parameters, buffers and every module not on a path to a planned link.
+    The cuts of NOTE [Cut points] at the regions' weight, over the links: each link's held
+    bytes are its weight, and what a span starting at a link keeps is that link's input. A
+    link that must be kept is a run of its own (a span around it could not be recomputed).
     """
-    assert len(segments) == len(actions), "one action per segment"
-    copies: dict[str, torch.nn.Module] = {"": copy.copy(model)}
-    for segment, action in zip(segments, actions, strict=True):
-        assert action.num_chunks <= 1, "module-level segments run whole"
-        if not action.recompute and observer is None:
-            continue
-        link = _copied_path(copies, segment.module_paths[0])
-        link.forward = _LinkForward(segment.index, link.forward, action, link, observer)
-    return copies[""]
-
-
-def apply_module_plan(
-    model: torch.nn.Module, paths: Sequence[str], recomputed: Sequence[bool]
-) -> torch.nn.Module:
-    """The planned module of a module-level plan (see :func:`autockpt.apply`).
-
-    Raises:
-        PlanMismatchError: a planned module path does not exist in ``model``.
-    """
-    known = {path for path, _ in model.named_modules()}
-    missing = [path for path in paths if path not in known]
-    if missing:
-        raise PlanMismatchError(
-            f"the plan recomputes module {missing[0]!r}, which {type(model).__name__} does not "
-            "have; re-plan for this model with autockpt.plan"
-        )
-    actions = [SegmentAction(recompute=flag) for flag in recomputed]
-    return build_module_planned(model, module_segments(paths), actions)
-
-
-class _LinkForward:
-    """The ``forward`` of a planned link: its arguments flattened into one runner call."""
-
-    def __init__(
-        self,
-        index: int,
-        forward: Any,
-        action: SegmentAction,
-        module: torch.nn.Module,
-        observer: SegmentObserver | None,
-    ) -> None:
-        self.index = index
-        self.forward = forward
-        self.action = action
-        # Buffers of the whole subtree: BatchNorm's statistics must not move in recompute.
-        self.stateful_modules = [
-            m for m in module.modules() if any(True for _ in m.buffers(recurse=False))
-        ]
-        self.observer = observer
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves, spec = tree_flatten((args, kwargs))
-
-        def run(*flat: Any) -> Any:
-            positional, keywords = tree_unflatten(list(flat), spec)
-            return self.forward(*positional, **keywords)
-
-        runner = SegmentRunner(self.index, run, self.action, self.stateful_modules, self.observer)
-        return runner(*leaves)
-
-
-def _copied_path(copies: dict[str, torch.nn.Module], path: str) -> torch.nn.Module:
-    """Shallow-copy each module from the root down to ``path`` (once each); the last copy.
-
-    ``copies`` maps paths to the copies made so far and starts with the root's.
-    """
-    module = copies[""]
-    walked = ""
-    for part in path.split("."):
-        walked = f"{walked}.{part}" if walked else part
-        if walked not in copies:
-            child = module._modules[part]
-            assert child is not None, f"{walked} is not a module"
-            copies[walked] = copy.copy(child)
-            # A shallow copy shares its original's table of children: give it its own before
-            # replacing the child, or the original model would change too.
-            module.__dict__["_modules"] = {**module._modules, part: copies[walked]}
-        module = copies[walked]
-    return module
+    count = len(links)
+    crossing = np.array([0.0, *(float(c.input_bytes) for c in links[1:]), 0.0])
+    weights = np.array([float(c.held_bytes) for c in links])
+    cuts = set(RunCosts(weights, crossing, count).choose(SEGMENT_CROSSING_WEIGHT, range(count + 1)))
+    for position, link in enumerate(links):
+        if link.keep_reason:
+            cuts |= {position, position + 1}
+    ordered = sorted(cuts)
+    return tuple(zip(ordered, ordered[1:], strict=False))
 
 
 def _is_nest(value: Any) -> bool:

@@ -176,20 +176,35 @@ def plan_one_process(
         strategy: Strategy = "checkpoint-all" if use_gradient_checkpointing else "checkpoint-none"
         recomputed = all_recomputed(traced.segments)
         whole = Profiles(kept, recomputed)
+        forced = list(traced.segments)
+        spans = [(i, i + 1) for i in range(len(forced))]
+        if (
+            use_gradient_checkpointing
+            and isinstance(traced, ModuleChain)
+            and len(traced.regions) < len(forced)
+        ):
+            # NOTE [Module spans]: links recomputed one by one may save nothing; spans may.
+            in_spans = all_recomputed(traced.region_segments)
+            if in_spans.peak_bytes < recomputed.peak_bytes:
+                forced, spans, recomputed = (
+                    list(traced.region_segments),
+                    list(traced.regions),
+                    in_spans,
+                )
         decision = Decision(
-            list(traced.segments),
+            forced,
             [
                 SegmentAction(recompute=use_gradient_checkpointing and not s.keep_reason)
-                for s in traced.segments
+                for s in forced
             ],
             [
                 f"kept: {s.keep_reason}"
                 if use_gradient_checkpointing and s.keep_reason
                 else "forced by use_gradient_checkpointing"
-                for s in traced.segments
+                for s in forced
             ],
             1,
-            [(i, i + 1) for i in range(len(traced.segments))],
+            spans,
         )
         final = recomputed if use_gradient_checkpointing else kept
         minimum = minimum_peak(builder.chain(whole, None, 1, None)).peak_bytes

@@ -141,11 +141,11 @@ class SegmentRunner:
         )
 
     def _contexts(self) -> tuple[contextlib.AbstractContextManager[None], Any]:
-        return contextlib.nullcontext(), _buffers_restored(self.stateful_modules)
+        return contextlib.nullcontext(), buffers_restored(self.stateful_modules)
 
 
 @contextlib.contextmanager
-def _buffers_restored(modules: Sequence[torch.nn.Module]) -> Iterator[None]:
+def buffers_restored(modules: Sequence[torch.nn.Module]) -> Iterator[None]:
     """Put the buffers of ``modules`` back as they were on exit (recompute must not update them)."""
     saved = [
         (buffer, buffer.detach().clone())
