@@ -257,6 +257,28 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "whole-plan-timing-ignored",
+        "the plans that fit are timed whole, but the solver's estimate still picks the plan",
+        "autockpt/planner/planning.py",
+        "                found, timed_extra_s = (timed.decision, timed.profile), timed.extra_s",
+        "                timed_extra_s = timed.extra_s",
+        (
+            "tests/planner/test_whole_plans.py::"
+            "test_the_fastest_plan_timed_whole_is_chosen_and_predicted",
+        ),
+    ),
+    Mutation(
+        "whole-plan-slowest",
+        "the slowest of the plans timed whole is taken",
+        "autockpt/planner/whole_plans.py",
+        "    best = min(range(len(each)), key=lambda i: each[i])",
+        "    best = max(range(len(each)), key=lambda i: each[i])",
+        (
+            "tests/planner/test_whole_plans.py::"
+            "test_the_fastest_plan_timed_whole_is_chosen_and_predicted",
+        ),
+    ),
+    Mutation(
         "unseen-category-is-a-category",
         "a value the training rows never had gets a real category's code",
         "tft/categories.py",

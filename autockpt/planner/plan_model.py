@@ -102,7 +102,8 @@ class Plan(BaseModel):
     this is the minimum of plain recompute; an infeasible budget examines everything."""
     predicted_extra_s: float
     """Seconds the plan adds to a step (negative: it saves time); see ``notes`` for whether
-    they were timed on the real model or estimated (NOTE [Time model])."""
+    they were timed on the real model or estimated (NOTE [Time model]), and whether the plan
+    was timed whole against the plain step (NOTE [Whole-plan timing])."""
     unplanned_step_s: float
     """Seconds of a plain step: forward, backward and, where timed, the optimizer step."""
     fits: bool

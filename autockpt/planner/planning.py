@@ -27,6 +27,10 @@ NOTE [Planning]
    the solver's estimate was optimistic and the plan does not fit, solve again against a budget
    lowered by the overshoot (a few rounds), then try the next stage, and fail with
    :class:`InfeasibleBudgetError` rather than hand back a plan that does not fit.
+5. Where the planner times the real model, time the plans that fit whole, side by side with
+   the plain step, and take the fastest (NOTE [Whole-plan timing] in
+   :mod:`autockpt.planner.whole_plans`): the sums the solver minimised miss what only a whole
+   step shows. Its timed overhead is the plan's predicted one.
 
 The budget a plan must meet on the CPU is tracked bytes (NOTE [Tracked bytes]). On CUDA it
 is what ``nvidia-smi`` shows: the CUDA context and the caching allocator's slack come off the
@@ -48,7 +52,6 @@ from autockpt.planner.chain import (
     ChainBuilder,
     Decision,
     Profiles,
-    kept_increments,
     recompute_lower_bound_bytes,
     unit_segments,
 )
@@ -61,7 +64,8 @@ from autockpt.planner.measure import (
 )
 from autockpt.planner.memory import RealSizeOracle
 from autockpt.planner.module_chain import ModuleChain, Tracing, trace_or_find_modules
-from autockpt.planner.plan_model import PeakBreakdown, Plan, SegmentPlan, Strategy
+from autockpt.planner.plan_model import Plan, Strategy
+from autockpt.planner.plan_rows import decision_extra_s, peak_breakdown, segment_rows
 from autockpt.planner.search import BudgetSearch
 from autockpt.planner.segmented import KEEP, SegmentAction
 from autockpt.planner.separable import Separability, analyse_separability
@@ -72,10 +76,10 @@ from autockpt.planner.timing import (
     MeasuredCosts,
     StepCosts,
     calibrate,
-    timed_s,
 )
 from autockpt.planner.trace import Segment, TracedModel
 from autockpt.planner.units import Budget, format_bytes
+from autockpt.planner.whole_plans import MAX_CANDIDATES, StepRunner, fastest_of
 
 #: What the CUDA context takes before any tensor (measured when a GPU is present).
 DEFAULT_CUDA_CONTEXT_BYTES = 512 * 2**20
@@ -172,6 +176,7 @@ def plan_one_process(
         return measure(segments, actions, num_micro_batches)
 
     notes: list[str] = [traced.note] if isinstance(traced, ModuleChain) else list(traced.notes)
+    timed_extra_s: float | None = None
     if use_gradient_checkpointing is not None:
         strategy: Strategy = "checkpoint-all" if use_gradient_checkpointing else "checkpoint-none"
         recomputed = all_recomputed(traced.segments)
@@ -303,7 +308,7 @@ def plan_one_process(
             # A later stage's fit weighs every option examined so far (NOTE [Planning], 3).
             found = search.fit(usable_bytes, notes) or found
             plain_s = builder.costs.unplanned_step_s()
-            if found and _extra_s(builder, found[0]) <= WIDEN_PAST_SHARE * plain_s:
+            if found and decision_extra_s(builder, found[0]) <= WIDEN_PAST_SHARE * plain_s:
                 break
         if found is None:
             found = search.lowest_peak_fit(usable_bytes, notes)
@@ -313,6 +318,20 @@ def plan_one_process(
             found = search.lowest_peak_fit(usable_bytes, notes)
         if found is None:
             raise search.infeasible(budget, outside)
+        if (
+            isinstance(costs, MeasuredCosts)
+            and builder.costs is costs
+            and not isinstance(traced, ModuleChain)
+        ):
+            # NOTE [Whole-plan timing]: the fastest of the plans that fit, timed whole.
+            candidates = search.fitting_alternatives(usable_bytes, found, MAX_CANDIDATES)
+            if len(candidates) > 1:
+                runner = StepRunner(
+                    traced, example_inputs, example_targets, loss_fn, autocast_dtype, cpu_threads
+                )
+                timed = fastest_of(candidates, runner, costs.unplanned_step_s())
+                found, timed_extra_s = (timed.decision, timed.profile), timed.extra_s
+                notes.append(timed.note)
         decision, final = found
         reduction = search.separability.loss_reduction if search.separability else None
         if decision.num_micro_batches > 1 and reduction:
@@ -325,10 +344,11 @@ def plan_one_process(
 
     if decision.num_micro_batches == 1 and not any(a.recompute for a in decision.actions):
         builder.costs = estimated  # nothing to time: the plain step is the plan
-    segment_plans = _segment_plans(builder, whole, decision)
+    segment_plans = segment_rows(builder, whole, decision)
     unplanned_step_s = builder.costs.unplanned_step_s()
     extra_s = sum(p.recompute_s for p in segment_plans if p.recomputed)
     extra_s += builder.micro_batch_s(decision.num_micro_batches)
+    extra_s = extra_s if timed_extra_s is None else timed_extra_s
     if builder.costs.source:
         notes.append(f"step times {builder.costs.source}")
     return Plan(
@@ -341,7 +361,7 @@ def plan_one_process(
         num_micro_batches=decision.num_micro_batches,
         segments=segment_plans,
         predicted_peak_bytes=outside(final.peak_bytes),
-        breakdown=_breakdown(
+        breakdown=peak_breakdown(
             final, context_bytes, outside(final.peak_bytes) - final.peak_bytes - context_bytes
         ),
         unplanned_peak_bytes=outside(kept.peak_bytes),
@@ -352,82 +372,6 @@ def plan_one_process(
         planning_s=time.perf_counter() - started,
         notes=notes,
         tracing="forward-hooks" if isinstance(traced, ModuleChain) else "fx",
-    )
-
-
-def _extra_s(builder: ChainBuilder, decision: Decision) -> float:
-    """The seconds ``decision`` adds to the step, as the costs know them now."""
-    extra_s = builder.micro_batch_s(decision.num_micro_batches)
-    for action, (first, end) in zip(decision.actions, decision.spans, strict=True):
-        if action.recompute:
-            extra_s += _recompute_s(builder.costs, first, end, action, decision)
-    return extra_s
-
-
-def _segment_plans(builder: ChainBuilder, whole: Profiles, decision: Decision) -> list[SegmentPlan]:
-    """Report rows: each run segment (a merged region counts as one) with its numbers."""
-    kept_terms = kept_increments(whole.kept)
-    plans = []
-    for segment, action, reason, (first, end) in zip(
-        decision.segments, decision.actions, decision.reasons, decision.spans, strict=True
-    ):
-        plans.append(
-            SegmentPlan(
-                name=segment.name,
-                nodes=list(segment.node_names),
-                modules=list(segment.module_paths),
-                inputs=list(segment.input_names),
-                outputs=list(segment.output_names),
-                saved_bytes=max(sum(kept_terms[first:end]), 0),
-                boundary_bytes=builder.boundary_bytes(whole, first, end),
-                recompute_s=_recompute_s(builder.costs, first, end, action, decision),
-                recomputed=action.recompute,
-                num_chunks=action.num_chunks,
-                input_batch_dims=list(action.input_batch_dims),
-                output_batch_dims=list(action.output_batch_dims),
-                reason=reason,
-            )
-        )
-    return plans
-
-
-def _recompute_s(
-    costs: StepCosts, first: int, end: int, action: SegmentAction, decision: Decision
-) -> float:
-    """What the run's action adds to a step, timed where it can be; for a kept run, what a
-    plain recompute of it would add (NOTE [Timed options])."""
-    if not action.recompute:
-        return costs.recompute_s(first, end).seconds
-    chunked = action.num_chunks > 1
-    return timed_s(
-        costs,
-        first,
-        end,
-        chunks=action.num_chunks,
-        pieces=decision.num_micro_batches,
-        input_batch_dims=action.input_batch_dims if chunked else None,
-    )
-
-
-def _breakdown(profile: StepProfile, context_bytes: int, headroom_bytes: int) -> PeakBreakdown:
-    end_of_forward = max((s.end_bytes for s in profile.segments), default=profile.start_bytes)
-    activations = max(end_of_forward - profile.start_bytes, 0)
-    known = (
-        profile.parameter_bytes
-        + profile.gradient_bytes
-        + profile.optimizer_state_bytes
-        + profile.input_bytes
-        + activations
-    )
-    return PeakBreakdown(
-        parameters_bytes=profile.parameter_bytes,
-        gradients_bytes=profile.gradient_bytes,
-        optimizer_state_bytes=profile.optimizer_state_bytes,
-        inputs_bytes=profile.input_bytes,
-        activations_bytes=activations,
-        transient_bytes=max(profile.peak_bytes - known, 0),
-        context_bytes=context_bytes,
-        headroom_bytes=headroom_bytes,
     )
 
 

@@ -53,7 +53,7 @@ class BudgetSearch:
 
     def measure(self, decision: Decision) -> StepProfile:
         """The decision's step measured on fake tensors (once per distinct decision)."""
-        key = (decision.num_micro_batches, tuple(decision.spans), tuple(decision.reasons))
+        key = _key(decision)
         if key not in self._measured:
             self._measured[key] = self._measure(decision)
         return self._measured[key]
@@ -106,6 +106,29 @@ class BudgetSearch:
         if final.peak_bytes <= usable_bytes:
             return decision, final
         return self.lowest_peak_fit(usable_bytes, notes)
+
+    def fitting_alternatives(
+        self, usable_bytes: int, chosen: tuple[Decision, StepProfile], limit: int
+    ) -> list[tuple[Decision, StepProfile]]:
+        """``chosen`` and the cheapest solution at each other micro-batch count, by the
+        estimate, whose measured step fits: up to ``limit`` plans (NOTE [Whole-plan timing])."""
+        ranked = []
+        for count, chain in self.chains():
+            solution = solve(chain, usable_bytes)
+            if solution is not None:
+                total = solution.extra_s + self.builder.micro_batch_s(count)
+                ranked.append((total, count, chain, solution))
+        found = [chosen]
+        seen = {_key(chosen[0])}
+        for _, count, chain, solution in sorted(ranked, key=lambda r: r[0]):
+            decision = self.builder.decode(chain, solution, self.separability, count)
+            if len(found) >= limit or _key(decision) in seen:
+                continue
+            seen.add(_key(decision))
+            profile = self.measure(decision)
+            if profile.peak_bytes <= usable_bytes:
+                found.append((decision, profile))
+        return found
 
     def lowest_peak_fit(
         self, usable_bytes: int, notes: list[str]
@@ -162,3 +185,8 @@ class BudgetSearch:
             lowest=self.lowest_measured,
             half_minimum_bytes=half,
         )
+
+
+def _key(decision: Decision) -> tuple[Any, ...]:
+    """What tells two decisions apart."""
+    return (decision.num_micro_batches, tuple(decision.spans), tuple(decision.reasons))

@@ -1,0 +1,167 @@
+"""The plans that fit, timed whole on the real model, side by side: the fastest is the plan.
+
+NOTE [Whole-plan timing]
+The solver adds up per-option costs: each segment's recompute, each region's pieces, the
+micro-batches' overhead (NOTE [Timed options]). On a small step those sums miss what only a
+whole step shows: a checkpoint's fixed cost, the loss and optimizer bookkeeping of every
+micro-batch, caches warmed or not by the step around a piece. On the zoo's 10 ms steps the plan
+chosen that way took 1.57x where four micro-batches took 1.46x, and an LSTM's 5.61x where they
+took 1.83x. So where the planner times the real model (the CPU, a model torch.fx traced,
+NOTE [Measured step time]), the final choice is made by timing:
+
+- *Candidates.* The cheapest solution at each micro-batch count (the solver's choice is one
+  of them), the ``MAX_CANDIDATES`` cheapest by the estimate, each measured on fake tensors and
+  kept only if that measurement fits the budget. With fewer than two there is nothing to
+  compare.
+- *Timing.* The plain step and every candidate run forward, loss and backward on the real
+  model, the micro-batches of a candidate each with its backward, one after the other in
+  rounds, so that a noisy moment slows every plan of its round alike. Gradients come from
+  ``torch.autograd.grad`` (no ``.grad`` is written) and buffers are put back after each run.
+  At least ``MIN_ROUNDS`` rounds, more while the rounds so far took under ``ROUNDS_S``
+  seconds, at most ``MAX_ROUNDS``.
+- *Choice.* The candidate with the lowest median time; its predicted extra time is its median
+  less the plain step's median, from the same rounds. The plan's notes list every candidate's
+  ratio to the plain step.
+
+The optimizer step is the same for every plan and is not timed here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from autockpt.planner.batch_split import batch_size_of, split_batch
+from autockpt.planner.chain import Decision
+from autockpt.planner.measure import LossFn, StepProfile, default_loss
+from autockpt.planner.segmented import build_segmented_module
+from autockpt.planner.trace import TracedModel
+
+#: Plans timed whole at most (NOTE [Whole-plan timing]).
+MAX_CANDIDATES = 3
+#: Rounds of timing: at least, at most, and the seconds after which no more are started.
+MIN_ROUNDS, MAX_ROUNDS, ROUNDS_S = 3, 7, 1.0
+
+
+@dataclass(frozen=True)
+class TimedChoice:
+    """The fastest candidate and what the timing found.
+
+    Attributes:
+        decision / profile: the chosen plan and its fake-tensor measurement.
+        extra_s: its median step time less the plain step's, from the same rounds.
+        note: one sentence for the plan's notes.
+    """
+
+    decision: Decision
+    profile: StepProfile
+    extra_s: float
+    note: str
+
+
+@dataclass(frozen=True)
+class StepRunner:
+    """What a timed step needs besides the plan: the traced model and the caller's batch."""
+
+    traced: TracedModel
+    example_inputs: Sequence[Any]
+    example_targets: Sequence[Any]
+    loss_fn: LossFn | None
+    autocast_dtype: torch.dtype | None
+    threads: int
+
+    def seconds(self, decision: Decision | None) -> Callable[[], float]:
+        """A function timing one forward, loss and backward of ``decision`` (``None``: the
+        plain step) on the real model."""
+        module = self.traced.graph_module
+        if decision is not None:
+            module = build_segmented_module(module, decision.segments, decision.actions)
+        pieces = decision.num_micro_batches if decision is not None else 1
+        batch = batch_size_of(self.example_inputs) or 1
+        inputs = split_batch(self.example_inputs, pieces, batch_size=batch)
+        targets = split_batch(self.example_targets, pieces, batch_size=batch)
+        parameters = [p for p in self.traced.graph_module.parameters() if p.requires_grad]
+        loss_fn = self.loss_fn or default_loss
+
+        def run() -> float:
+            started = time.perf_counter()
+            for piece_inputs, piece_targets in zip(inputs, targets, strict=True):
+                with torch.autocast(
+                    "cpu", dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+                ):
+                    loss = loss_fn(module(*piece_inputs), *piece_targets)
+                if pieces > 1:
+                    loss = loss * (1.0 / pieces)
+                if loss.requires_grad and parameters:
+                    torch.autograd.grad(loss, parameters, allow_unused=True)
+                del loss
+            return time.perf_counter() - started
+
+        return run
+
+    @contextlib.contextmanager
+    def isolated(self) -> Iterator[None]:
+        """Training's thread count, and the buffers (BatchNorm's statistics) put back."""
+        buffers = list(self.traced.graph_module.buffers())
+        saved = [b.detach().clone() for b in buffers]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(self.threads, 1))
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+            with torch.no_grad():
+                for buffer, value in zip(buffers, saved, strict=True):
+                    buffer.copy_(value)
+
+
+def fastest_of(
+    candidates: Sequence[tuple[Decision, StepProfile]], runner: StepRunner, plain_s: float
+) -> TimedChoice:
+    """Time the plain step and every candidate in rounds; the fastest (NOTE [Whole-plan timing]).
+
+    Args:
+        candidates: plans that fit, each with its fake-tensor measurement (at least two).
+        runner: runs steps on the real model.
+        plain_s: the plain step's time as the planner knows it (with the optimizer), to print
+            each candidate's ratio against.
+    """
+    runs = [runner.seconds(None), *(runner.seconds(d) for d, _ in candidates)]
+    times: list[list[float]] = [[] for _ in runs]
+    started = time.perf_counter()
+    rounds = 0
+    while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - started < ROUNDS_S):
+        for run, seconds in zip(runs, times, strict=True):
+            with runner.isolated():
+                seconds.append(run())
+        rounds += 1
+    medians = [sorted(t)[len(t) // 2] for t in times]
+    plain, each = medians[0], medians[1:]
+    best = min(range(len(each)), key=lambda i: each[i])
+    decision, profile = candidates[best]
+    reference = max(plain_s, 1e-9)
+    described = ", ".join(
+        f"{_describe(d)} {1.0 + (t - plain) / reference:.2f}x"
+        for (d, _), t in zip(candidates, each, strict=True)
+    )
+    note = (
+        f"timed {len(candidates)} plans that fit whole against the plain step "
+        f"({rounds} rounds): {described}; took the fastest"
+    )
+    return TimedChoice(decision, profile, each[best] - plain, note)
+
+
+def _describe(decision: Decision) -> str:
+    recomputed = sum(a.recompute for a in decision.actions)
+    chunks = max((a.num_chunks for a in decision.actions), default=1)
+    parts = [f"{recomputed} recomputed"]
+    if chunks > 1:
+        parts.append(f"chunks up to {chunks}")
+    if decision.num_micro_batches > 1:
+        parts.append(f"{decision.num_micro_batches} micro-batches")
+    return "(" + ", ".join(parts) + ")"
