@@ -279,6 +279,17 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "link-chunks-unchecked",
+        "a submodule is chunked on the hook path without checking each sample alone",
+        "autockpt/planner/separable.py",
+        "            alone = tree_flatten(module(*args, **kwargs))[0]",
+        "            alone = [sample_of(w, d, sample) for w, d in zip(outs, out_dims)]",
+        (
+            "tests/planner/test_module_chunks.py::"
+            "test_the_probe_finds_which_submodules_compute_sample_by_sample",
+        ),
+    ),
+    Mutation(
         "unseen-category-is-a-category",
         "a value the training rows never had gets a real category's code",
         "tft/categories.py",

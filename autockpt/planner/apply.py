@@ -54,22 +54,6 @@ def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
         >>> loss = autockpt.training_step(planned, plan, (x,), (y,), loss_fn)
         >>> planned.eval(); prediction = planned(x)   # the model's own forward
     """
-    if plan.tracing == "forward-hooks":
-        # Module-level segments (NOTE [Module chain]): a shallow copy with checkpointed links.
-        return apply_module_plan(
-            model,
-            [segment.modules for segment in plan.segments],
-            [segment.recomputed for segment in plan.segments],
-        )
-    graph = trace_graph(model)
-    compute_names = [n.name for n in graph.nodes if n.op in COMPUTE_OPS]
-    planned_names = [name for segment in plan.segments for name in segment.nodes]
-    if planned_names != compute_names:
-        raise PlanMismatchError(
-            f"the plan covers {len(planned_names)} operations but {type(model).__name__} has "
-            f"{len(compute_names)} (or they differ); re-plan for this model with autockpt.plan"
-        )
-    segments = segments_from_node_lists(graph, [segment.nodes for segment in plan.segments])
     actions = [
         SegmentAction(
             recompute=segment.recomputed,
@@ -79,4 +63,16 @@ def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
         )
         for segment in plan.segments
     ]
+    if plan.tracing == "forward-hooks":
+        # Module-level segments (NOTE [Module chain]): a shallow copy with checkpointed links.
+        return apply_module_plan(model, [segment.modules for segment in plan.segments], actions)
+    graph = trace_graph(model)
+    compute_names = [n.name for n in graph.nodes if n.op in COMPUTE_OPS]
+    planned_names = [name for segment in plan.segments for name in segment.nodes]
+    if planned_names != compute_names:
+        raise PlanMismatchError(
+            f"the plan covers {len(planned_names)} operations but {type(model).__name__} has "
+            f"{len(compute_names)} (or they differ); re-plan for this model with autockpt.plan"
+        )
+    segments = segments_from_node_lists(graph, [segment.nodes for segment in plan.segments])
     return planned_module(model, graph, segments, actions)

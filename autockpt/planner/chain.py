@@ -153,6 +153,16 @@ class ChainBuilder:
             elif recomputable and g_terms and (own := self._own_region(index)) is not None:
                 # A region of one segment: the region profile recomputed it on its own.
                 segment_options.append(_option("recompute", g_terms, own, cost_s))
+            if isinstance(self.traced, ModuleChain) and recomputable and r_terms is not None:
+                # A link runs in chunks on its own (NOTE [Module chain]), never in a span.
+                segment_options += self._chunk_options(
+                    index,
+                    index + 1,
+                    segment_options[-1],
+                    r_terms["io"][index],
+                    num_micro_batches,
+                    separability,
+                )
             if u_terms is not None and index in self._unit_at:
                 segment_options += self._unit_options(index, u_terms, num_micro_batches)
             if g_terms is not None and index in self._region_at:
@@ -171,12 +181,20 @@ class ChainBuilder:
     def _batch_dims(
         self, first: int, end: int, separability: Separability | None
     ) -> tuple[int | None, ...] | None:
-        """Where the inputs of region ``first..end-1`` carry the batch, if it is a region the
-        probe found batch-separable (its inputs can then be cut for timing)."""
-        region, region_end = self._region_at.get(first, (None, None))
-        if region is None or region_end != end or separability is None:
+        """Where the inputs of positions ``first..end-1`` carry the batch, if the probe found
+        them batch-separable (their inputs can then be cut for timing, and chunked)."""
+        probed = self._probed_index(first, end)
+        if probed is None or separability is None or not separability.chunkable[probed]:
             return None
-        return separability.input_batch_dims[region] if separability.chunkable[region] else None
+        return separability.input_batch_dims[probed]
+
+    def _probed_index(self, first: int, end: int) -> int | None:
+        """Which of the separability probe's entries positions ``first..end-1`` are: a region
+        of a traced model, a link of a module chain (NOTE [Module chain])."""
+        if isinstance(self.traced, ModuleChain):
+            return first if end == first + 1 else None
+        region, region_end = self._region_at.get(first, (None, None))
+        return region if region_end == end else None
 
     def _own_region(self, index: int) -> int | None:
         """The region index of segment ``index`` if that region holds it alone, else None."""
@@ -225,11 +243,29 @@ class ChainBuilder:
         cost_s = self._cost_s(cost, num_micro_batches, index, "recompute region", span)
         whole = _option("recompute region", terms, region, cost_s, span=span)
         options = [whole] if span > 1 else []
-        if separability is None or not separability.chunkable[region]:
-            return options
+        if isinstance(self.traced, ModuleChain):
+            return options  # a span never runs in chunks
+        return options + self._chunk_options(
+            index, end, whole, terms["io"][region], num_micro_batches, separability
+        )
+
+    def _chunk_options(
+        self,
+        index: int,
+        end: int,
+        whole: Option,
+        boundary: float,
+        num_micro_batches: int,
+        separability: Separability | None,
+    ) -> list[Option]:
+        """Positions ``index..end-1`` recomputed in ``k`` chunks, scaled from ``whole`` (their
+        recompute as one), where the probe found them batch-separable."""
+        dims = self._batch_dims(index, end, separability)
+        if dims is None:
+            return []
         # Every piece of the batch must split into whole samples.
         piece_sizes = {len(p) for p in _pieces(self.batch_size, max(num_micro_batches, 1))}
-        boundary = terms["io"][region]
+        options = []
         for chunks in CHUNK_CHOICES:
             if chunks > min(piece_sizes):
                 break
@@ -249,8 +285,8 @@ class ChainBuilder:
                     kept_bytes=whole.kept_bytes,
                     forward_bytes=int(forward),
                     backward_bytes=int(backward),
-                    extra_s=self._cost_s(cost, num_micro_batches, index, label, span),
-                    span=span,
+                    extra_s=self._cost_s(cost, num_micro_batches, index, label, end - index),
+                    span=end - index,
                 )
             )
         return options
@@ -287,10 +323,10 @@ class ChainBuilder:
             input_dims: tuple[int | None, ...] = ()
             output_dims: tuple[int, ...] = ()
             if chunks > 1:
-                assert separability is not None, "chunk options need the separability probe"
-                region = self._region_at[position][0]
-                input_dims = separability.input_batch_dims[region]
-                output_dims = separability.output_batch_dims[region]
+                probed = self._probed_index(position, end)
+                assert separability is not None and probed is not None, "chunks need the probe"
+                input_dims = separability.input_batch_dims[probed]
+                output_dims = separability.output_batch_dims[probed]
             actions.append(
                 SegmentAction(
                     recompute=option.label != "keep",

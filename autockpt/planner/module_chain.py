@@ -49,8 +49,12 @@ step must fit there once).
 tensor whose dim 0 is the batch, inside tuples, lists and dicts too
 (:mod:`autockpt.planner.batch_split`). The plan uses them when the separability probe finds
 the whole step separable on a copy of the model (NOTE [Batch separability]), a model that
-computes its own mean loss included. Not supported here: running a segment in chunks (the
-batch layout of a module's arguments is unknown).
+computes its own mean loss included. A segment of one link may also run in chunks: the probe
+takes the link's arguments and output with a forward hook, flattened as the planned
+``forward`` flattens them, and finds where each carries the batch; the link qualifies when
+every output leaf is a tensor carrying it and each sample alone gives its slice. Its planned
+``forward`` then splits the flattened arguments, runs each piece checkpointed, and joins the
+output leaves (NOTE [Segment runners]). A span never runs in chunks.
 """
 
 from __future__ import annotations
@@ -96,7 +100,7 @@ class ModuleChain:
     Attributes:
         segments: one per link, in call order; ``module_paths`` holds the module's path.
         regions: runs of links that may be recomputed as one, as ``(first, end)`` positions
-            (NOTE [Module spans]); never chunked.
+            (NOTE [Module spans]); one of a single link may run in chunks.
         region_segments: one segment per region, with its links' module paths.
         fake_module: the copy steps are measured on: fake when the forward runs on fake
             tensors, else a real deep copy of the model.
@@ -205,7 +209,7 @@ def find_module_chain(
     )
     note = (
         f"{why}; planning {len(segments)} module-level segments found with forward hooks, "
-        f"recompute and micro-batches only (no chunks){measured_on}"
+        f"recompute, chunks of single modules and micro-batches{measured_on}"
     )
     return ModuleChain(
         segments=segments,
@@ -370,7 +374,7 @@ def _choose_links(calls: list[_Call]) -> list[int]:
 def _choose_spans(links: Sequence[_Call]) -> tuple[tuple[int, int], ...]:
     """Runs of links that may be recomputed as one (NOTE [Module spans]), as ``(first, end)``.
 
-    The cuts of NOTE [Cut points] at the regions' weight, over the links: each link's held
+    The cuts of NOTE [Cut points] at the units' weight, over the links: each link's held
     bytes are its weight, and what a span starting at a link keeps is that link's input. A
     link that must be kept is a run of its own (a span around it could not be recomputed).
     """

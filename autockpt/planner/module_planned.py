@@ -9,11 +9,12 @@ several links (a span) gives each link's ``forward`` to a shared
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from autockpt.errors import PlanMismatchError
 from autockpt.planner.module_chain import module_segments
@@ -34,7 +35,8 @@ def build_module_planned(
     Args:
         model: the model the chain was found on (or a copy of it).
         segments: the links, or spans of them, each with its module paths in ``module_paths``.
-        actions: one per segment; only ``recompute`` is read (no chunks here).
+        actions: one per segment; a link (not a span) may run in chunks, its batch dims those
+            of its flattened arguments and outputs.
         observer: when given, every segment (kept ones too) reports to it; the planner uses
             this to measure.
 
@@ -45,10 +47,10 @@ def build_module_planned(
     assert len(segments) == len(actions), "one action per segment"
     copies: dict[str, torch.nn.Module] = {"": copy.copy(model)}
     for segment, action in zip(segments, actions, strict=True):
-        assert action.num_chunks <= 1, "module-level segments run whole"
         if not action.recompute and observer is None:
             continue
         links = [_copied_path(copies, path) for path in segment.module_paths]
+        assert len(links) == 1 or action.num_chunks <= 1, "a span runs whole"
         if len(links) == 1:
             link = links[0]
             link.forward = _LinkForward(segment.index, link.forward, action, link, observer)
@@ -66,14 +68,14 @@ def build_module_planned(
 
 
 def apply_module_plan(
-    model: torch.nn.Module, groups: Sequence[Sequence[str]], recomputed: Sequence[bool]
+    model: torch.nn.Module, groups: Sequence[Sequence[str]], actions: Sequence[SegmentAction]
 ) -> torch.nn.Module:
     """The planned module of a module-level plan (see :func:`autockpt.apply`).
 
     Args:
         model: the model the plan was made for.
         groups: each segment's module paths (several for a span).
-        recomputed: each segment's flag.
+        actions: each segment's action.
 
     Raises:
         PlanMismatchError: a planned module path does not exist in ``model``.
@@ -85,7 +87,6 @@ def apply_module_plan(
             f"the plan recomputes module {missing[0]!r}, which {type(model).__name__} does not "
             "have; re-plan for this model with autockpt.plan"
         )
-    actions = [SegmentAction(recompute=flag) for flag in recomputed]
     return build_module_planned(model, module_segments(groups), actions)
 
 
@@ -108,13 +109,22 @@ class _LinkForward:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, spec = tree_flatten((args, kwargs))
+        chunked = self.action.num_chunks > 1 and torch.is_grad_enabled()
+        output_spec: list[TreeSpec] = []
 
         def run(*flat: Any) -> Any:
             positional, keywords = tree_unflatten(list(flat), spec)
-            return self.forward(*positional, **keywords)
+            output = self.forward(*positional, **keywords)
+            if not chunked:
+                return output
+            # Chunks are joined leaf by leaf (the probe found every leaf a batched tensor).
+            output_leaves, output_spec[:] = tree_flatten(output)[0], [tree_flatten(output)[1]]
+            return tuple(output_leaves)
 
-        runner = SegmentRunner(self.index, run, self.action, self.stateful_modules, self.observer)
-        return runner(*leaves)
+        action = self.action if chunked else dataclasses.replace(self.action, num_chunks=1)
+        runner = SegmentRunner(self.index, run, action, self.stateful_modules, self.observer)
+        output = runner(*leaves)
+        return tree_unflatten(list(output), output_spec[0]) if chunked else output
 
 
 def _stateful_modules(links: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:

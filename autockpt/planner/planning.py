@@ -269,18 +269,22 @@ def plan_one_process(
         def regions_and_chunks() -> bool:
             # Regions recomputed whole, chunks and micro-batches cost more profiles and a
             # probe of the real model: examined only once plain recompute cannot fit.
-            separability = Separability.nothing(len(regions), "not allowed by the caller")
+            # A module chain's links run in chunks, not its spans (NOTE [Module chain]).
+            probed = traced.segments if isinstance(traced, ModuleChain) else regions
+            if isinstance(traced, ModuleChain) and search.whole.recomputed is None:
+                plain_recompute(even_if_hopeless=True)  # the links' chunks scale from it
+            separability = Separability.nothing(len(probed), "not allowed by the caller")
             if allow_chunks or allow_micro_batches:
                 separability = analyse_separability(
                     traced,
                     example_inputs,
-                    regions,
+                    probed,
                     model=model,
                     loss_fn=loss_fn,
                     example_targets=example_targets,
                 )
             if not allow_chunks:
-                separability = dataclasses.replace(separability, chunkable=(False,) * len(regions))
+                separability = dataclasses.replace(separability, chunkable=(False,) * len(probed))
             if allow_micro_batches and not separability.micro_batchable:
                 notes.append(f"micro-batches not used: {separability.reason}")
             search.whole = dataclasses.replace(search.whole, regions=all_recomputed(regions))

@@ -22,8 +22,9 @@ dropout frozen on by torch.fx or drawn by hand is not mixing), and
 When the step does not separate, :mod:`autockpt.planner.mixing` names the operation that
 mixes samples ("BatchNorm2d at layer1.0.bn1"); the reason reaches the plan's notes and the
 refusal of a budget. A model that does not trace (NOTE [Module chain]) is probed the same way
-on a copy of itself: micro-batches if its step separates, no chunks (a submodule's arguments
-have no batch layout the runner knows). The runs use a copy of the model whose parameters are
+on a copy of itself: micro-batches if its step separates, and chunks for a segment of one
+submodule whose arguments and output, taken with a forward hook, pass the same test as a traced
+segment's (NOTE [Module chain]). The runs use a copy of the model whose parameters are
 shared and only read (under no_grad), so BatchNorm statistics and the RNG state of the
 original are untouched.
 """
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from autockpt.planner.batch_split import batch_size_of, take_samples
 from autockpt.planner.fixed_randomness import FixedRandomness
@@ -155,7 +157,7 @@ def analyse_separability(
         if isinstance(traced, TracedModel):
             found = _probe_segments(probe_model, segments, runs[:2])
         else:
-            found = _probe_module_runs(probe_model, num_segments, runs[:2])
+            found = _probe_module_runs(probe_model, segments, runs[:2])
         if isinstance(found, Separability):
             return found
         chunkable, input_dims, output_dims, outputs = found
@@ -206,16 +208,80 @@ def _refused_probe_batch(num_segments: int, size: int, error: Exception) -> Sepa
 
 
 def _probe_module_runs(
-    probe_model: torch.nn.Module, num_segments: int, runs: Sequence[Sequence[Any]]
+    probe_model: torch.nn.Module, segments: Sequence[Segment], runs: Sequence[Sequence[Any]]
 ) -> _Found | Separability:
-    """The model's outputs on the two probe batches (module-level segments are not chunked)."""
+    """Per segment of a module chain: chunkable (only a segment of one link), and its batch
+    dims; and the outputs of the whole model on the two probe batches. Each link's arguments
+    and output are taken with a forward hook, flattened as its planned ``forward`` flattens
+    them (NOTE [Module chain])."""
+    num_segments = len(segments)
+    links = {s.module_paths[0]: i for i, s in enumerate(segments) if len(s.module_paths) == 1}
+    captures: list[dict[int, tuple[Any, Any]]] = []
     outputs = []
     for size, run in zip(PROBE_BATCHES, runs, strict=True):
+        seen: dict[int, tuple[Any, Any]] = {}
+
+        def keep(
+            index: int, args: Any, kwargs: Any, output: Any, seen: dict[int, Any] = seen
+        ) -> None:
+            # Returns None: a forward hook's result would replace the module's output.
+            seen.setdefault(index, ((args, kwargs), output))
+
+        handles = [
+            probe_model.get_submodule(path).register_forward_hook(
+                lambda _, args, kwargs, out, i=index: keep(i, args, kwargs, out),
+                with_kwargs=True,
+            )
+            for path, index in links.items()
+        ]
         try:
             outputs.append(probe_model(*run))
         except Exception as error:  # the model itself refuses a small batch
             return _refused_probe_batch(num_segments, size, error)
-    return [False] * num_segments, [()] * num_segments, [()] * num_segments, outputs
+        finally:
+            for handle in handles:
+                handle.remove()
+        captures.append(seen)
+    chunkable, input_dims, output_dims = [], [], []
+    for index, segment in enumerate(segments):
+        found = None
+        if index in captures[0] and index in captures[1]:
+            module = probe_model.get_submodule(segment.module_paths[0])
+            found = _link_batch_dims(module, captures[0][index], captures[1][index])
+        chunkable.append(found is not None)
+        input_dims.append(found[0] if found else ())
+        output_dims.append(found[1] if found else ())
+    return chunkable, input_dims, output_dims, outputs
+
+
+def _link_batch_dims(
+    module: torch.nn.Module, first: tuple[Any, Any], second: tuple[Any, Any]
+) -> tuple[tuple[int | None, ...], tuple[int, ...]] | None:
+    """A link's input and output batch dims if it may run in chunks: every output a tensor
+    that carries the batch, and each sample alone giving its slice of them; else None."""
+    leaves, spec = tree_flatten(first[0])
+    others = tree_flatten(second[0])[0]
+    outs, outs_second = tree_flatten(first[1])[0], tree_flatten(second[1])[0]
+    if len(leaves) != len(others) or len(outs) != len(outs_second) or not outs:
+        return None
+    in_dims = tuple(batch_dim(a, b) for a, b in zip(leaves, others, strict=True))
+    out_dims = [batch_dim(a, b) for a, b in zip(outs, outs_second, strict=True)]
+    if all(d is None for d in in_dims) or any(d is None for d in out_dims):
+        return None
+    for sample in range(PROBE_BATCHES[0]):
+        args, kwargs = tree_unflatten(
+            [sample_of(v, d, sample) for v, d in zip(leaves, in_dims, strict=True)], spec
+        )
+        try:
+            alone = tree_flatten(module(*args, **kwargs))[0]
+        except Exception:  # e.g. BatchNorm refuses one sample in training mode
+            return None
+        if len(alone) != len(outs) or not all(
+            isinstance(single, torch.Tensor) and close(single, sample_of(whole, dim, sample))
+            for single, whole, dim in zip(alone, outs, out_dims, strict=True)
+        ):
+            return None
+    return in_dims, tuple(d for d in out_dims if d is not None)
 
 
 def _probe_segments(
