@@ -64,8 +64,11 @@ def our_step(config: TFTConfig, *, compiled: bool = False) -> Step:
     return step
 
 
-def their_step(config: TFTConfig, *, compiled: bool = False) -> Step | None:
-    """pytorch-forecasting's TFT at ``config``'s shape, or None when it is not installed."""
+def their_model(
+    config: TFTConfig,
+) -> tuple[torch.nn.Module, dict[str, torch.Tensor], torch.Tensor] | None:
+    """pytorch-forecasting's TFT at ``config``'s shape in training mode, a batch dict for it
+    and a target; None when it is not installed."""
     try:
         from pytorch_forecasting import TemporalFusionTransformer as TheirTFT
         from pytorch_forecasting.data.encoders import TorchNormalizer
@@ -111,6 +114,15 @@ def their_step(config: TFTConfig, *, compiled: bool = False) -> Step | None:
         "target_scale": torch.ones(batch, 2),
     }
     target = torch.randn(batch, config.horizon, generator=generator)
+    return model, batch_dict, target
+
+
+def their_step(config: TFTConfig, *, compiled: bool = False) -> Step | None:
+    """A training step of pytorch-forecasting's TFT, or None when it is not installed."""
+    built = their_model(config)
+    if built is None:
+        return None
+    model, batch_dict, target = built
     run = torch.compile(model) if compiled else model
 
     def step() -> None:

@@ -290,6 +290,17 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "loss-backward-uncounted",
+        "the chain model leaves out the loss's backward, made with every kept byte alive",
+        "autockpt/planner/measure.py",
+        '                self.phase_peak["loss"] = max(self.phase_peak["loss"], now)  # on top of S_n',
+        "                pass",
+        (
+            "tests/planner/test_module_spans.py::"
+            "test_a_budget_only_spans_meet_is_planned_with_the_loss_backward_counted",
+        ),
+    ),
+    Mutation(
         "unseen-category-is-a-category",
         "a value the training rows never had gets a real category's code",
         "tft/categories.py",

@@ -160,6 +160,8 @@ class _StepRecorder:
                 # bytes sit on top of the segment before it, as if it ran at that one's end.
                 previous = self.segments[self.previous]
                 previous.forward_peak_bytes = max(previous.forward_peak_bytes, now)
+            elif self.phase == "backward":  # the loss's backward, before any segment's:
+                self.phase_peak["loss"] = max(self.phase_peak["loss"], now)  # on top of S_n
             return
         profile = self.segments[self.current]
         if self.phase == "forward":
@@ -167,7 +169,7 @@ class _StepRecorder:
             profile.forward_num_ops += 1
             if self.count_work:
                 profile.forward_flops += _flops(func, args, kwargs, out)
-                profile.forward_moved_bytes += _moved_bytes(args, kwargs, out)
+                profile.forward_moved_bytes += _tensor_bytes((args, kwargs, out))
         elif self.phase == "backward":
             profile.backward_peak_bytes = max(profile.backward_peak_bytes, now)
 
@@ -207,10 +209,6 @@ class _StepRecorder:
 
 def _tensor_bytes(value: Any) -> int:
     return sum(t.numel() * t.element_size() for t in flat_tensors(value))
-
-
-def _moved_bytes(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
-    return _tensor_bytes((args, kwargs, out))
 
 
 def _flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
@@ -451,8 +449,7 @@ def profile_step(
 
 
 def _inside(mode: FakeTensorMode | None) -> contextlib.AbstractContextManager[Any]:
-    """The fake mode to measure under; nothing for a real copy (NOTE [Module chain])."""
-    return contextlib.nullcontext() if mode is None else mode
+    return contextlib.nullcontext() if mode is None else mode  # a real copy: NOTE [Module chain]
 
 
 def _first_micro_batch(values: Sequence[Any], pieces: int, inputs: Sequence[Any]) -> list[Any]:

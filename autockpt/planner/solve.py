@@ -12,7 +12,8 @@ boundary when recomputed). While segment ``i`` runs forward the live bytes reach
 ``S_i + forward_bytes``, and while its backward runs (its recompute included) they reach
 ``S_i + backward_bytes``: segments after ``i`` have already released theirs by then, and
 segments before it have not yet. The loss comes after the last segment and reaches
-``S_n + loss_bytes``. The optimizer step's peak, ``fixed_peak_bytes``, does not depend on the
+``S_n + loss_bytes``, its backward included (the gradient of the model's outputs is made then,
+with every segment's kept bytes still alive). The optimizer step's peak, ``fixed_peak_bytes``, does not depend on the
 plan. So the predicted peak of a choice ``x`` is
 
     max(fixed_peak_bytes, S_n(x) + loss_bytes, max_i S_i(x) + local_i(x_i)),
@@ -76,7 +77,8 @@ class Chain:
     Attributes:
         start_bytes: live before the first segment (parameters, optimizer state, inputs).
         options: per segment, the ways it may run (at least one each).
-        loss_bytes: peak above ``S_n`` while the loss is computed.
+        loss_bytes: peak above ``S_n`` while the loss runs, forward and backward (before the
+            last segment's backward starts).
         fixed_peak_bytes: peak of the parts no option changes (the optimizer step).
     """
 

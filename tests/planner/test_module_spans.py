@@ -143,3 +143,21 @@ def test_in_eval_and_without_gradients_the_spans_run_the_models_own_forward():
     model.eval()
     planned.eval()
     assert torch.equal(planned(*inputs)["prediction"], model(*inputs)["prediction"])
+
+
+def test_a_budget_only_spans_meet_is_planned_with_the_loss_backward_counted():
+    # The loss's backward runs with every kept byte alive (here its gradient of the output
+    # and the square's): a plan that keeps the last blocks peaks there, which the chain model
+    # must count to prefer the spans (left out, the lowest plan it finds is 82%).
+    model, inputs = LinearChain(), (torch.randn(4096, 64),)
+
+    def loss_fn(output: torch.Tensor) -> torch.Tensor:
+        return output.pow(2).mean()
+
+    plain = _plan(model, inputs, 10**12, loss_fn=loss_fn)
+    budget = int(0.7 * plain.unplanned_peak_bytes)
+    plan = _plan(model, inputs, budget, loss_fn=loss_fn, allow_chunks=False)
+    assert any(len(s.modules) > 1 and s.recomputed for s in plan.segments), plan.segments
+    peak, _, got = measured_step(model, inputs, plan, loss_fn=loss_fn)
+    assert peak <= budget
+    _assert_same_gradients(got, measured_step(model, inputs, loss_fn=loss_fn)[2])
