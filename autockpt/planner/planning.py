@@ -350,9 +350,7 @@ def plan_one_process(
         builder.costs = estimated  # nothing to time: the plain step is the plan
     segment_plans = segment_rows(builder, whole, decision)
     unplanned_step_s = builder.costs.unplanned_step_s()
-    extra_s = sum(p.recompute_s for p in segment_plans if p.recomputed)
-    extra_s += builder.micro_batch_s(decision.num_micro_batches)
-    extra_s = extra_s if timed_extra_s is None else timed_extra_s
+    extra_s = decision_extra_s(builder, decision) if timed_extra_s is None else timed_extra_s
     if builder.costs.source:
         notes.append(f"step times {builder.costs.source}")
     return Plan(
