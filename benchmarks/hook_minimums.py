@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the zoo lives in the tests package
 
 import autockpt  # noqa: E402
+from autockpt.planner.measure import default_loss  # noqa: E402
 from benchmarks.tft_speed import bench_config, their_model  # noqa: E402
 from tests.zoo import ZOO  # noqa: E402
 from tft.loss import quantile_loss  # noqa: E402
@@ -51,8 +52,7 @@ def zoo_case(name: str) -> Case:
     case = ZOO[name]
     torch.manual_seed(0)
     inputs, targets = case.batch(case.bench_batch_size)
-    loss_fn = case.loss_fn or (lambda out, *_: sum(t.float().sum() for t in _tensors(out)))
-    return case.build(), tuple(inputs), tuple(targets), loss_fn
+    return case.build(), tuple(inputs), tuple(targets), case.loss_fn or default_loss
 
 
 def pf_tft(batch_size: int) -> Case | None:
@@ -106,16 +106,6 @@ CASES: dict[str, Callable[[], Case | None]] = {
     "pf_tft_64": lambda: pf_tft(64),
     "t5_small": t5_small,
 }
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, (tuple, list)):
-        return [t for item in value for t in _tensors(item)]
-    return []
 
 
 def _plan(case: Case, budget: int, **options: Any) -> autockpt.Plan:

@@ -118,7 +118,8 @@ class _LinkForward:
             if not chunked:
                 return output
             # Chunks are joined leaf by leaf (the probe found every leaf a batched tensor).
-            output_leaves, output_spec[:] = tree_flatten(output)[0], [tree_flatten(output)[1]]
+            output_leaves, spec_of_output = tree_flatten(output)
+            output_spec[:] = [spec_of_output]
             return tuple(output_leaves)
 
         action = self.action if chunked else dataclasses.replace(self.action, num_chunks=1)

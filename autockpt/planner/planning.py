@@ -322,17 +322,11 @@ def plan_one_process(
             found = search.lowest_peak_fit(usable_bytes, notes)
         if found is None:
             raise search.infeasible(budget, outside)
-        if (
-            isinstance(costs, MeasuredCosts)
-            and builder.costs is costs
-            and not isinstance(traced, ModuleChain)
-        ):
+        if isinstance(costs, MeasuredCosts) and builder.costs is costs:
             # NOTE [Whole-plan timing]: the fastest of the plans that fit, timed whole.
             candidates = search.fitting_alternatives(usable_bytes, found, MAX_CANDIDATES)
             if len(candidates) > 1:
-                runner = StepRunner(
-                    traced, example_inputs, example_targets, loss_fn, autocast_dtype, cpu_threads
-                )
+                runner = StepRunner(costs.stopwatch)
                 timed = fastest_of(candidates, runner, costs.unplanned_step_s())
                 found, timed_extra_s = (timed.decision, timed.profile), timed.extra_s
                 notes.append(timed.note)

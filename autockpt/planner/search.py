@@ -69,17 +69,10 @@ class BudgetSearch:
         """The least extra time over micro-batch counts, or None when nothing fits. The costs
         the choice rests on are timed first, and the choice made again (NOTE [Timed options])."""
         for timing_round in range(MAX_TIMING_ROUNDS):
-            best: tuple[float, int, Chain, Solution] | None = None
-            for count, chain in self.chains():
-                solution = solve(chain, budget_bytes)
-                if solution is None:
-                    continue
-                total = solution.extra_s + self.builder.micro_batch_s(count)
-                if best is None or total < best[0]:
-                    best = (total, count, chain, solution)
-            if best is None:
+            ranked = self._ranked_solutions(budget_bytes)
+            if not ranked:
                 return None
-            _, count, chain, solution = best
+            _, count, chain, solution = ranked[0]
             last_round = timing_round == MAX_TIMING_ROUNDS - 1
             if last_round or not self.builder.time_choice(chain, solution, count):
                 return self.builder.decode(chain, solution, self.separability, count)
@@ -112,15 +105,9 @@ class BudgetSearch:
     ) -> list[tuple[Decision, StepProfile]]:
         """``chosen`` and the cheapest solution at each other micro-batch count, by the
         estimate, whose measured step fits: up to ``limit`` plans (NOTE [Whole-plan timing])."""
-        ranked = []
-        for count, chain in self.chains():
-            solution = solve(chain, usable_bytes)
-            if solution is not None:
-                total = solution.extra_s + self.builder.micro_batch_s(count)
-                ranked.append((total, count, chain, solution))
         found = [chosen]
         seen = {_key(chosen[0])}
-        for _, count, chain, solution in sorted(ranked, key=lambda r: r[0]):
+        for _, count, chain, solution in self._ranked_solutions(usable_bytes):
             decision = self.builder.decode(chain, solution, self.separability, count)
             if len(found) >= limit or _key(decision) in seen:
                 continue
@@ -129,6 +116,17 @@ class BudgetSearch:
             if profile.peak_bytes <= usable_bytes:
                 found.append((decision, profile))
         return found
+
+    def _ranked_solutions(self, budget_bytes: int) -> list[tuple[float, int, Chain, Solution]]:
+        """The solver's choice at each micro-batch count where one fits, cheapest first, each
+        with its extra seconds (the micro-batches' included)."""
+        ranked = []
+        for count, chain in self.chains():
+            solution = solve(chain, budget_bytes)
+            if solution is not None:
+                total = solution.extra_s + self.builder.micro_batch_s(count)
+                ranked.append((total, count, chain, solution))
+        return sorted(ranked, key=lambda r: r[0])
 
     def lowest_peak_fit(
         self, usable_bytes: int, notes: list[str]

@@ -266,22 +266,20 @@ def _link_batch_dims(
         return None
     in_dims = tuple(batch_dim(a, b) for a, b in zip(leaves, others, strict=True))
     out_dims = [batch_dim(a, b) for a, b in zip(outs, outs_second, strict=True)]
-    if all(d is None for d in in_dims) or any(d is None for d in out_dims):
+    dims = tuple(d for d in out_dims if d is not None)
+    if all(d is None for d in in_dims) or len(dims) < len(out_dims):
         return None
-    for sample in range(PROBE_BATCHES[0]):
-        args, kwargs = tree_unflatten(
-            [sample_of(v, d, sample) for v, d in zip(leaves, in_dims, strict=True)], spec
-        )
-        try:
-            alone = tree_flatten(module(*args, **kwargs))[0]
-        except Exception:  # e.g. BatchNorm refuses one sample in training mode
-            return None
-        if len(alone) != len(outs) or not all(
-            isinstance(single, torch.Tensor) and close(single, sample_of(whole, dim, sample))
-            for single, whole, dim in zip(alone, outs, out_dims, strict=True)
-        ):
-            return None
-    return in_dims, tuple(d for d in out_dims if d is not None)
+
+    def output_leaves(*flat: Any) -> list[Any]:
+        args, kwargs = tree_unflatten(list(flat), spec)
+        alone = tree_flatten(module(*args, **kwargs))[0]
+        if not all(isinstance(leaf, torch.Tensor) for leaf in alone):
+            raise TypeError("an output leaf is not a tensor")  # no agreement (chunks join tensors)
+        return alone
+
+    if not _segment_agrees(output_leaves, tuple(leaves), outs, in_dims, dims):
+        return None
+    return in_dims, dims
 
 
 def _probe_segments(

@@ -228,7 +228,7 @@ class Stopwatch:
         clock.start(wanted, self._placeholder_values(inputs) if capture else {})
         with self._timing_threads():
             started = time.perf_counter()
-            with self._autocast():
+            with self.autocast():
                 output = self._plain(*inputs)
                 loss = self.loss_fn(output, *targets)
             del output
@@ -286,7 +286,7 @@ class Stopwatch:
         wrt = [v for v in leaves if isinstance(v, torch.Tensor) and v.requires_grad]
         with self._timing_threads():
             started = time.perf_counter()
-            with self._autocast():
+            with self.autocast():
                 outputs = [t for t in flat_tensors(runner(*leaves)) if t.requires_grad]
             if outputs:
                 torch.autograd.grad(
@@ -296,6 +296,12 @@ class Stopwatch:
                     allow_unused=True,
                 )
             return time.perf_counter() - started
+
+    @contextlib.contextmanager
+    def isolated(self) -> Iterator[None]:
+        """Training's thread count, and the buffers a forward updates put back afterwards."""
+        with self._timing_threads(), self._buffers_put_back():
+            yield
 
     @contextlib.contextmanager
     def _timing_threads(self) -> Iterator[None]:
@@ -316,7 +322,8 @@ class Stopwatch:
                 for buffer, value in zip(self._buffers, saved, strict=True):
                     buffer.copy_(value)
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The autocast the step runs under (none without an autocast dtype)."""
         return torch.autocast(
             "cpu", dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
         )

@@ -28,19 +28,17 @@ The optimizer step is the same for every plan and is not timed here.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from autockpt.planner.batch_split import batch_size_of, split_batch
+from autockpt.planner.batch_split import split_batch
 from autockpt.planner.chain import Decision
-from autockpt.planner.measure import LossFn, StepProfile, default_loss
+from autockpt.planner.measure import StepProfile
 from autockpt.planner.segmented import build_segmented_module
-from autockpt.planner.trace import TracedModel
+from autockpt.planner.stopwatch import Stopwatch
 
 #: Plans timed whole at most (NOTE [Whole-plan timing]).
 MAX_CANDIDATES = 3
@@ -64,60 +62,37 @@ class TimedChoice:
     note: str
 
 
-@dataclass(frozen=True)
 class StepRunner:
-    """What a timed step needs besides the plan: the traced model and the caller's batch."""
+    """Runs whole steps of plans on the real model, with what the stopwatch already holds:
+    the traced model, the caller's batch and loss, training's threads and autocast."""
 
-    traced: TracedModel
-    example_inputs: Sequence[Any]
-    example_targets: Sequence[Any]
-    loss_fn: LossFn | None
-    autocast_dtype: torch.dtype | None
-    threads: int
+    def __init__(self, stopwatch: Stopwatch) -> None:
+        self.stopwatch = stopwatch
 
     def seconds(self, decision: Decision | None) -> Callable[[], float]:
         """A function timing one forward, loss and backward of ``decision`` (``None``: the
         plain step) on the real model."""
-        module = self.traced.graph_module
+        watch = self.stopwatch
+        module = watch.traced.graph_module
         if decision is not None:
             module = build_segmented_module(module, decision.segments, decision.actions)
         pieces = decision.num_micro_batches if decision is not None else 1
-        batch = batch_size_of(self.example_inputs) or 1
-        inputs = split_batch(self.example_inputs, pieces, batch_size=batch)
-        targets = split_batch(self.example_targets, pieces, batch_size=batch)
-        parameters = [p for p in self.traced.graph_module.parameters() if p.requires_grad]
-        loss_fn = self.loss_fn or default_loss
+        inputs = split_batch(watch.inputs, pieces, batch_size=watch.batch_size)
+        targets = split_batch(watch.targets, pieces, batch_size=watch.batch_size)
 
         def run() -> float:
             started = time.perf_counter()
             for piece_inputs, piece_targets in zip(inputs, targets, strict=True):
-                with torch.autocast(
-                    "cpu", dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
-                ):
-                    loss = loss_fn(module(*piece_inputs), *piece_targets)
+                with watch.autocast():
+                    loss = watch.loss_fn(module(*piece_inputs), *piece_targets)
                 if pieces > 1:
                     loss = loss * (1.0 / pieces)
-                if loss.requires_grad and parameters:
-                    torch.autograd.grad(loss, parameters, allow_unused=True)
+                if loss.requires_grad and watch.parameters:
+                    torch.autograd.grad(loss, watch.parameters, allow_unused=True)
                 del loss
             return time.perf_counter() - started
 
         return run
-
-    @contextlib.contextmanager
-    def isolated(self) -> Iterator[None]:
-        """Training's thread count, and the buffers (BatchNorm's statistics) put back."""
-        buffers = list(self.traced.graph_module.buffers())
-        saved = [b.detach().clone() for b in buffers]
-        threads = torch.get_num_threads()
-        torch.set_num_threads(max(self.threads, 1))
-        try:
-            yield
-        finally:
-            torch.set_num_threads(threads)
-            with torch.no_grad():
-                for buffer, value in zip(buffers, saved, strict=True):
-                    buffer.copy_(value)
 
 
 def fastest_of(
@@ -137,7 +112,7 @@ def fastest_of(
     rounds = 0
     while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - started < ROUNDS_S):
         for run, seconds in zip(runs, times, strict=True):
-            with runner.isolated():
+            with runner.stopwatch.isolated():
                 seconds.append(run())
         rounds += 1
     medians = [sorted(t)[len(t) // 2] for t in times]
