@@ -62,7 +62,7 @@ def floor(kept: StepProfile, traced: TracedModel) -> tuple[int, int, str]:
     """The floor: the states (parameters, optimizer state, inputs, all gradients), the bytes
     above them that the bounding segment's backward needs at once, and that segment's name.
 
-    The bound is :func:`~autockpt.planner.chain.recompute_lower_bound_bytes` over the finest
+    The bound is :func:`~autockpt.planner.chain_terms.recompute_lower_bound_bytes` over the finest
     chain: while segment ``i`` runs backward, no plan holds less than the kept step then,
     less what the segments before it keep.
     """

@@ -301,6 +301,61 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "selective-keeps-nothing",
+        "a selective recompute keeps no op's output: it runs the matrix products again too",
+        "autockpt/planner/selective.py",
+        "    if op in KEPT_OPS:",
+        "    if False:",
+        (
+            "tests/planner/test_selective.py::"
+            "test_a_selective_recompute_runs_the_cheap_ops_again_but_not_the_matrix_products",
+        ),
+    ),
+    Mutation(
+        "selective-dropped-by-apply",
+        "autockpt.apply reads a selective segment as a plain recompute",
+        "autockpt/planner/apply.py",
+        "            selective=segment.selective,",
+        "            selective=False,",
+        (
+            "tests/planner/test_selective.py::"
+            "test_a_selective_recompute_runs_the_cheap_ops_again_but_not_the_matrix_products",
+        ),
+    ),
+    Mutation(
+        "selective-over-in-place-writes",
+        "a segment that writes in place may be recomputed selectively (a stored product changed)",
+        "autockpt/planner/selective.py",
+        "    return isinstance(traced, TracedModel) and not segment.keep_reason",
+        "    return isinstance(traced, TracedModel)",
+        (
+            "tests/planner/test_selective.py::"
+            "test_a_segment_that_writes_in_place_is_never_recomputed_selectively",
+        ),
+    ),
+    Mutation(
+        "selective-over-written-products",
+        "a segment whose stored products are written through a view (nn.GRU) may be selective",
+        "autockpt/planner/selective_segments.py",
+        "            self.written.add(self._made_by[id(storage)])",
+        "            pass",
+        (
+            "tests/planner/test_selective.py::"
+            "test_a_segment_whose_products_are_written_through_views_is_never_selective",
+        ),
+    ),
+    Mutation(
+        "selective-never-offered",
+        "the chain never offers a selective recompute",
+        "autockpt/planner/chain.py",
+        "            if s_terms is not None and index in self.selective:",
+        "            if False:",
+        (
+            "tests/planner/test_selective.py::"
+            "test_the_planner_recomputes_cheap_ops_where_that_fits_and_the_peak_holds",
+        ),
+    ),
+    Mutation(
         "unseen-category-is-a-category",
         "a value the training rows never had gets a real category's code",
         "tft/categories.py",

@@ -60,6 +60,7 @@ def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
             num_chunks=segment.num_chunks,
             input_batch_dims=tuple(segment.input_batch_dims),
             output_batch_dims=tuple(segment.output_batch_dims),
+            selective=segment.selective,
         )
         for segment in plan.segments
     ]

@@ -7,7 +7,9 @@ numbers of the all-kept and all-recomputed profiles (NOTE [Chain memory model]);
 writes its own input in place is only kept (NOTE [In-place writes]). Where a unit of several
 segments starts (in-place writes cut units finer), an option spans the whole unit: recompute it
 as one, with the numbers of the profile in which every unit is recomputed whole, so that cutting
-finer never loses a plan the units alone allowed. Where a region (a run of units with a small
+finer never loses a plan the units alone allowed. A segment of a traced model can also rebuild
+only its cheap ops, with the numbers of the profile in which every such segment does
+(NOTE [Selective recompute]). Where a region (a run of units with a small
 outer boundary) starts, two more kinds of option span the whole region: recompute it as one,
 with the numbers of the profile in which every region is recomputed whole, and, if the region is
 batch-separable, recompute it in ``k`` chunks. Chunk numbers are scaled from the whole-region
@@ -25,9 +27,18 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
+from autockpt.planner.chain_terms import (
+    batch_pieces,
+    extrapolate,
+    kept_increments,
+    option_at,
+    piece_share,
+    profile_terms,
+)
 from autockpt.planner.measure import StepProfile
 from autockpt.planner.module_chain import ModuleChain, module_segments
 from autockpt.planner.segmented import KEEP, SegmentAction
+from autockpt.planner.selective import SELECTIVE
 from autockpt.planner.separable import Separability
 from autockpt.planner.solve import Chain, Option, Solution
 from autockpt.planner.timing import Cost, StepCosts
@@ -35,8 +46,6 @@ from autockpt.planner.trace import Segment, TracedModel, segments_from_node_list
 
 #: Chunk counts the planner may give a batch-separable region.
 CHUNK_CHOICES = (2, 4, 8, 16, 32)
-#: Micro-batch counts the planner may split a batch-separable step into.
-MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16, 32)
 
 _CHUNKS = re.compile(r"in (\d+) chunks$")
 
@@ -53,12 +62,16 @@ class Profiles:
         regions: every region recomputed whole; ``None`` until region options are needed.
         units: every unit recomputed whole (NOTE [Chain levels]); ``None`` where the units
             are the segments, or until plain recompute is measured.
+        selective: every segment that may be recomputed selectively so recomputed
+            (NOTE [Selective recompute]); ``None`` until plain recompute is measured, or where
+            no segment may.
     """
 
     kept: StepProfile
     recomputed: StepProfile | None
     regions: StepProfile | None = None
     units: StepProfile | None = None
+    selective: StepProfile | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,9 @@ class ChainBuilder:
         # Units of several segments (NOTE [Chain levels]); a module chain has none.
         units = traced.units if isinstance(traced, TracedModel) else ()
         self._unit_at = {start: (i, end) for i, (start, end) in enumerate(units) if end - start > 1}
+        #: The segments offered a selective recompute (NOTE [Selective recompute]); the
+        #: planner sets them once it measures such recomputes.
+        self.selective: frozenset[int] = frozenset()
 
     def micro_batch_s(self, num_micro_batches: int) -> float:
         """Seconds that splitting the step into ``num_micro_batches`` adds, as known now."""
@@ -121,21 +137,24 @@ class ChainBuilder:
         separability: Separability | None,
     ) -> Chain:
         """The chain at ``num_micro_batches`` pieces (fitted from the half-batch profiles)."""
-        k_terms = _terms(whole.kept)
-        r_terms = _terms(whole.recomputed) if whole.recomputed is not None else None
-        g_terms = _terms(whole.regions) if whole.regions is not None else None
-        u_terms = _terms(whole.units) if whole.units is not None else None
+        k_terms = profile_terms(whole.kept)
+        r_terms = profile_terms(whole.recomputed) if whole.recomputed is not None else None
+        g_terms = profile_terms(whole.regions) if whole.regions is not None else None
+        u_terms = profile_terms(whole.units) if whole.units is not None else None
+        s_terms = profile_terms(whole.selective) if whole.selective is not None else None
         if num_micro_batches > 1:
             assert half is not None
             half_share = piece_share(self.batch_size, 2)
             share = piece_share(self.batch_size, num_micro_batches)
-            k_terms = _extrapolate(k_terms, _terms(half.kept), half_share, share)
+            k_terms = extrapolate(k_terms, profile_terms(half.kept), half_share, share)
             if r_terms is not None and half.recomputed is not None:
-                r_terms = _extrapolate(r_terms, _terms(half.recomputed), half_share, share)
+                r_terms = extrapolate(r_terms, profile_terms(half.recomputed), half_share, share)
             if g_terms is not None and half.regions is not None:
-                g_terms = _extrapolate(g_terms, _terms(half.regions), half_share, share)
+                g_terms = extrapolate(g_terms, profile_terms(half.regions), half_share, share)
             if u_terms is not None and half.units is not None:
-                u_terms = _extrapolate(u_terms, _terms(half.units), half_share, share)
+                u_terms = extrapolate(u_terms, profile_terms(half.units), half_share, share)
+            if s_terms is not None and half.selective is not None:
+                s_terms = extrapolate(s_terms, profile_terms(half.selective), half_share, share)
         options = []
         for index, segment in enumerate(self.traced.segments):
             cost = self.costs.recompute_s(
@@ -145,14 +164,18 @@ class ChainBuilder:
                 input_batch_dims=self._batch_dims(index, index + 1, separability),
             )
             cost_s = self._cost_s(cost, num_micro_batches, index, "recompute")
-            segment_options = [_option("keep", k_terms, index, 0.0)]
+            segment_options = [option_at("keep", k_terms, index, 0.0)]
             # One with a keep reason is kept whatever the budget (NOTE [In-place writes]).
             recomputable = not segment.keep_reason
             if recomputable and r_terms is not None:
-                segment_options.append(_option("recompute", r_terms, index, cost_s))
+                segment_options.append(option_at("recompute", r_terms, index, cost_s))
             elif recomputable and g_terms and (own := self._own_region(index)) is not None:
                 # A region of one segment: the region profile recomputed it on its own.
-                segment_options.append(_option("recompute", g_terms, own, cost_s))
+                segment_options.append(option_at("recompute", g_terms, own, cost_s))
+            if s_terms is not None and index in self.selective:
+                cost = self.costs.recompute_s(index, index + 1, selective=True)
+                cost_s = self._cost_s(cost, num_micro_batches, index, SELECTIVE)
+                segment_options.append(option_at(SELECTIVE, s_terms, index, cost_s))
             if isinstance(self.traced, ModuleChain) and recomputable and r_terms is not None:
                 # A link runs in chunks on its own (NOTE [Module chain]), never in a span.
                 segment_options += self._chunk_options(
@@ -170,7 +193,10 @@ class ChainBuilder:
                     index, g_terms, num_micro_batches, separability
                 )
             options.append(tuple(segment_options))
-        loss = max(k_terms["loss"][0], *(t["loss"][0] for t in (r_terms, g_terms, u_terms) if t))
+        loss = max(
+            k_terms["loss"][0],
+            *(t["loss"][0] for t in (r_terms, g_terms, u_terms, s_terms) if t),
+        )
         return Chain(
             start_bytes=int(k_terms["start"][0]),
             options=tuple(options),
@@ -211,7 +237,7 @@ class ChainBuilder:
             return []
         cost = self.costs.recompute_s(index, end, pieces=num_micro_batches)
         cost_s = self._cost_s(cost, num_micro_batches, index, "recompute", end - index)
-        return [_option("recompute", terms, unit, cost_s, span=end - index)]
+        return [option_at("recompute", terms, unit, cost_s, span=end - index)]
 
     def boundary_bytes(self, whole: Profiles, first: int, end: int) -> int:
         """Bytes chain positions ``first..end-1`` keep alive when recomputed as one unit."""
@@ -241,7 +267,7 @@ class ChainBuilder:
         dims = self._batch_dims(index, end, separability)
         cost = self.costs.recompute_s(index, end, pieces=num_micro_batches, input_batch_dims=dims)
         cost_s = self._cost_s(cost, num_micro_batches, index, "recompute region", span)
-        whole = _option("recompute region", terms, region, cost_s, span=span)
+        whole = option_at("recompute region", terms, region, cost_s, span=span)
         options = [whole] if span > 1 else []
         if isinstance(self.traced, ModuleChain):
             return options  # a span never runs in chunks
@@ -264,7 +290,7 @@ class ChainBuilder:
         if dims is None:
             return []
         # Every piece of the batch must split into whole samples.
-        piece_sizes = {len(p) for p in _pieces(self.batch_size, max(num_micro_batches, 1))}
+        piece_sizes = {len(p) for p in batch_pieces(self.batch_size, max(num_micro_batches, 1))}
         options = []
         for chunks in CHUNK_CHOICES:
             if chunks > min(piece_sizes):
@@ -333,6 +359,7 @@ class ChainBuilder:
                     num_chunks=chunks,
                     input_batch_dims=input_dims,
                     output_batch_dims=output_dims,
+                    selective=option.label == SELECTIVE,
                 )
             )
             reasons.append(option.label)
@@ -351,108 +378,9 @@ class ChainBuilder:
         return Decision(segments, actions, reasons, num_micro_batches, spans)
 
 
-def kept_increments(profile: StepProfile) -> list[int]:
-    """Bytes each segment of a profile leaves alive for later ones (``kept_bytes``)."""
-    starts = [profile.start_bytes, *(s.end_bytes for s in profile.segments[:-1])]
-    return [s.end_bytes - start for s, start in zip(profile.segments, starts, strict=True)]
-
-
 def unit_segments(traced: TracedModel | ModuleChain) -> tuple[Segment, ...] | None:
     """The units as segments where some unit spans several segments (NOTE [Chain levels]),
     else ``None``: the units are the segments, and need no profile of their own."""
     if isinstance(traced, TracedModel) and len(traced.unit_segments) < len(traced.segments):
         return traced.unit_segments
     return None
-
-
-def recompute_lower_bound_bytes(kept: StepProfile) -> int:
-    """A peak no plan of plain recomputes, segment by segment, can go below, from the kept
-    profile alone.
-
-    While segment ``i`` runs backward, a plan holds what the kept step holds then, less at
-    most what earlier segments had left alive when ``i`` started forward (a recomputed
-    segment keeps only its boundary): its own interior, rebuilt if recomputed, the gradients
-    and the state are the same. So every such plan peaks at least at
-    ``backward_peak_i - (start_i - start)`` for every ``i``. The planner skips measuring the
-    all-recomputed step when the budget is below this.
-    """
-    return max(
-        (s.backward_peak_bytes - (s.start_bytes - kept.start_bytes) for s in kept.segments),
-        default=0,
-    )
-
-
-def _terms(profile: StepProfile) -> dict[str, list[float]]:
-    """Per-segment increments of a profile (NOTE [Chain memory model])."""
-    kept = [float(b) for b in kept_increments(profile)]
-    forward, backward, io = [], [], []
-    previous_end = profile.start_bytes
-    for segment in profile.segments:
-        forward.append(float(max(segment.forward_peak_bytes - previous_end, 0)))
-        backward.append(float(max(segment.backward_peak_bytes - previous_end, 0)))
-        io.append(float(segment.input_bytes + segment.output_bytes))
-        previous_end = segment.end_bytes
-    return {
-        "start": [float(profile.start_bytes)],
-        "kept": kept,
-        "forward": forward,
-        "backward": backward,
-        "io": io,
-        "loss": [float(max(profile.phase_peak_bytes.get("loss", 0) - previous_end, 0))],
-        "optimizer": [float(profile.phase_peak_bytes.get("optimizer", 0))],
-    }
-
-
-def _extrapolate(
-    whole: dict[str, list[float]],
-    half: dict[str, list[float]],
-    half_share: float,
-    share: float,
-) -> dict[str, list[float]]:
-    """Fit ``a + c * s`` through the whole batch (``s = 1``) and the largest of two pieces
-    (``s = half_share``), and read it at ``share``, the largest piece's share of the batch."""
-    fitted = {}
-    for key, values in whole.items():
-        slopes = [(w - h) / (1.0 - half_share) for w, h in zip(values, half[key], strict=True)]
-        fitted[key] = [max(w - c, 0.0) + c * share for w, c in zip(values, slopes, strict=True)]
-    # Optimizer state and parameters do not shrink with the batch; from two pieces on, the
-    # gradients are live before each piece starts, as in the half-batch profile.
-    fitted["optimizer"] = whole["optimizer"]
-    fitted["start"] = half["start"]
-    return fitted
-
-
-def _option(
-    label: str, terms: dict[str, list[float]], index: int, extra_s: float, *, span: int = 1
-) -> Option:
-    return Option(
-        label=label,
-        kept_bytes=int(terms["kept"][index]),
-        forward_bytes=int(terms["forward"][index]),
-        backward_bytes=int(terms["backward"][index]),
-        extra_s=extra_s,
-        span=span,
-    )
-
-
-def micro_batch_counts(batch_size: int, possible: bool) -> list[int]:
-    """Micro-batch counts to consider: those of ``MICRO_BATCH_CHOICES`` up to the batch size.
-
-    A count need not divide the batch: the pieces are ``torch.tensor_split``'s, the first ones a
-    sample larger, and the plan is measured on the largest.
-    """
-    if not possible:
-        return [1]
-    return [m for m in MICRO_BATCH_CHOICES if m <= batch_size]
-
-
-def piece_share(batch_size: int, num_micro_batches: int) -> float:
-    """The largest piece's share of the batch when it is split into ``num_micro_batches``."""
-    return len(_pieces(batch_size, num_micro_batches)[0]) / batch_size
-
-
-def _pieces(batch_size: int, num_pieces: int) -> list[range]:
-    """The samples of each piece, as ``torch.tensor_split`` cuts them."""
-    size, extra = divmod(batch_size, num_pieces)
-    starts = [i * size + min(i, extra) for i in range(num_pieces + 1)]
-    return [range(a, b) for a, b in zip(starts, starts[1:], strict=False)]

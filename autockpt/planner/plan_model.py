@@ -47,6 +47,9 @@ class SegmentPlan(BaseModel):
     """Per input, the dimension split into chunks (None: passed whole to every chunk)."""
     output_batch_dims: list[int] = []
     """Per output, the dimension the chunks are joined along."""
+    selective: bool = False
+    """Whether only its cheap ops are recomputed, the outputs of its matrix products,
+    convolutions and attention kept from forward (NOTE [Selective recompute])."""
     reason: str = ""
     """Why the planner chose this option."""
 

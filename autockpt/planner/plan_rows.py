@@ -3,7 +3,8 @@ adds, and the breakdown of its peak."""
 
 from __future__ import annotations
 
-from autockpt.planner.chain import ChainBuilder, Decision, Profiles, kept_increments
+from autockpt.planner.chain import ChainBuilder, Decision, Profiles
+from autockpt.planner.chain_terms import kept_increments
 from autockpt.planner.measure import StepProfile
 from autockpt.planner.plan_model import PeakBreakdown, SegmentPlan
 from autockpt.planner.segmented import SegmentAction
@@ -40,6 +41,7 @@ def segment_rows(builder: ChainBuilder, whole: Profiles, decision: Decision) -> 
                 num_chunks=action.num_chunks,
                 input_batch_dims=list(action.input_batch_dims),
                 output_batch_dims=list(action.output_batch_dims),
+                selective=action.selective,
                 reason=reason,
             )
         )
@@ -61,6 +63,7 @@ def recompute_s_of(
         chunks=action.num_chunks,
         pieces=decision.num_micro_batches,
         input_batch_dims=action.input_batch_dims if chunked else None,
+        selective=action.selective,
     )
 
 

@@ -12,7 +12,7 @@ NOTE [Planning]
    model first, NOTE [Timed options] in :mod:`autockpt.planner.timing`):
    a. plain recompute, segment by segment: a step with every segment recomputed gives each
       segment's second option (NOTE [Chain memory model]). Skipped when the kept step
-      already shows no such plan can fit (:func:`~autockpt.planner.chain.recompute_lower_bound_bytes`),
+      already shows no such plan can fit (:func:`~autockpt.planner.chain_terms.recompute_lower_bound_bytes`),
       until nothing fits: the refusal's minimum counts it too;
    b. regions recomputed whole, and, where :mod:`autockpt.planner.separable` finds a region
       batch-separable, in chunks (scaled from the whole-region numbers);
@@ -48,13 +48,8 @@ from typing import Any
 import torch
 
 from autockpt.planner.batch_split import batch_size_of, split_batch
-from autockpt.planner.chain import (
-    ChainBuilder,
-    Decision,
-    Profiles,
-    recompute_lower_bound_bytes,
-    unit_segments,
-)
+from autockpt.planner.chain import ChainBuilder, Decision, Profiles, unit_segments
+from autockpt.planner.chain_terms import recompute_lower_bound_bytes
 from autockpt.planner.measure import (
     FakeTrainingState,
     LossFn,
@@ -68,6 +63,7 @@ from autockpt.planner.plan_model import Plan, Strategy
 from autockpt.planner.plan_rows import decision_extra_s, peak_breakdown, segment_rows
 from autockpt.planner.search import BudgetSearch
 from autockpt.planner.segmented import KEEP, SegmentAction
+from autockpt.planner.selective_segments import selective_segments
 from autockpt.planner.separable import Separability, analyse_separability
 from autockpt.planner.solve import minimum_peak
 from autockpt.planner.stopwatch import Stopwatch, can_time
@@ -175,6 +171,18 @@ def plan_one_process(
         actions = [SegmentAction(recompute=not s.keep_reason) for s in segments]
         return measure(segments, actions, num_micro_batches)
 
+    def all_selective(num_micro_batches: int = 1) -> StepProfile | None:
+        """Every segment that may be recomputed selectively so (NOTE [Selective recompute])."""
+        if num_micro_batches == 1:
+            builder.selective = selective_segments(traced, example_inputs)
+        if not builder.selective:
+            return None
+        actions = [
+            SegmentAction(recompute=True, selective=True) if i in builder.selective else KEEP
+            for i in range(len(traced.segments))
+        ]
+        return measure(traced.segments, actions, num_micro_batches)
+
     notes: list[str] = [traced.note] if isinstance(traced, ModuleChain) else list(traced.notes)
     timed_extra_s: float | None = None
     if use_gradient_checkpointing is not None:
@@ -263,6 +271,7 @@ def plan_one_process(
                 search.whole,
                 recomputed=all_recomputed(traced.segments),
                 units=None if units is None else all_recomputed(units),
+                selective=all_selective(),
             )
             return True
 
@@ -302,6 +311,7 @@ def plan_one_process(
                 None if search.whole.recomputed is None else all_recomputed(traced.segments, 2),
                 all_recomputed(regions, 2),
                 None if units is None or search.whole.units is None else all_recomputed(units, 2),
+                None if search.whole.selective is None else all_selective(2),
             )
             return True
 

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from autockpt.errors import InfeasibleBudgetError
-from autockpt.planner.chain import ChainBuilder, Decision, Profiles, micro_batch_counts
+from autockpt.planner.chain import ChainBuilder, Decision, Profiles
+from autockpt.planner.chain_terms import micro_batch_counts
 from autockpt.planner.measure import StepProfile
 from autockpt.planner.refusal import infeasible_error
 from autockpt.planner.separable import Separability

@@ -23,9 +23,10 @@ NOTE [Segment runners under torch.compile]
 Dynamo turns a ``checkpoint`` call into a region whose operations the partitioner recomputes
 in backward, and takes a ``context_fn`` there as a selective-checkpointing policy (it calls
 the plain function behind a bound method without its ``self``: the ``TypeError`` a compiled
-plan used to raise). The runner passes none while compiling: recompute in a compiled graph
-replays no buffer update (AOTAutograd applies the forward's mutations once), so there is
-nothing to put back; the eager contexts are what eager runs need. (The debugging backend
+plan used to raise). While compiling the runner passes none (a segment recomputed
+selectively passes torch's selective policy alone, NOTE [Selective recompute]): recompute in a
+compiled graph replays no buffer update (AOTAutograd applies the forward's mutations once), so
+there is nothing to put back; the eager contexts are what eager runs need. (The debugging backend
 ``"eager"`` skips AOTAutograd: there a checkpointed BatchNorm in training mode fails, as it does
 under ``torch.utils.checkpoint`` without autockpt.)
 """
@@ -43,6 +44,7 @@ import torch.fx as fx
 from torch.utils.checkpoint import checkpoint
 
 from autockpt.planner.memory import flat_tensors
+from autockpt.planner.selective import COMPILED_CONTEXT_FN, selective_contexts
 from autockpt.planner.trace import COMPUTE_OPS, Segment
 
 
@@ -56,12 +58,15 @@ class SegmentAction:
         input_batch_dims: for each of the segment's inputs, the dimension that carries the
             batch (split into pieces), or ``None`` (passed whole to every piece).
         output_batch_dims: for each output, the dimension the pieces are joined along.
+        selective: recompute only its cheap ops, the outputs of its matrix products kept
+            (NOTE [Selective recompute]; only with ``recompute``, in one piece).
     """
 
     recompute: bool = False
     num_chunks: int = 1
     input_batch_dims: tuple[int | None, ...] = ()
     output_batch_dims: tuple[int, ...] = ()
+    selective: bool = False
 
 
 KEEP = SegmentAction()
@@ -111,6 +116,14 @@ class SegmentRunner:
     def _checkpointed(self, *inputs: Any) -> Any:
         if torch.compiler.is_compiling():
             # NOTE [Segment runners under torch.compile]
+            if self.action.selective:
+                return checkpoint(
+                    self.module,
+                    *inputs,
+                    use_reentrant=False,
+                    preserve_rng_state=True,
+                    context_fn=COMPILED_CONTEXT_FN,
+                )
             return checkpoint(self.module, *inputs, use_reentrant=False, preserve_rng_state=True)
         return checkpoint(
             self.module,
@@ -141,6 +154,8 @@ class SegmentRunner:
         )
 
     def _contexts(self) -> tuple[contextlib.AbstractContextManager[None], Any]:
+        if self.action.selective:
+            return selective_contexts(lambda: buffers_restored(self.stateful_modules))
         return contextlib.nullcontext(), buffers_restored(self.stateful_modules)
 
 

@@ -108,9 +108,11 @@ class StepCosts(Protocol):
         chunks: int = 1,
         pieces: int = 1,
         input_batch_dims: Sequence[int | None] | None = None,
+        selective: bool = False,
     ) -> Cost:
         """Seconds that recomputing chain positions ``first..end-1`` as one unit, in ``chunks``
-        pieces of the batch, adds to a step split into ``pieces`` micro-batches."""
+        pieces of the batch, adds to a step split into ``pieces`` micro-batches; with
+        ``selective``, its cheap ops only (NOTE [Selective recompute])."""
         ...
 
     def micro_batch_s(self, pieces: int) -> Cost:
@@ -136,6 +138,13 @@ class EstimatedCosts:
             for s in kept.segments
         ]
         self.num_ops = [s.forward_num_ops for s in kept.segments]
+        # A selective recompute skips the matrix products, which do nearly all the FLOPs.
+        self.cheap_forward_s = [
+            time_model.seconds(
+                flops=0, moved_bytes=s.forward_moved_bytes, num_ops=s.forward_num_ops
+            )
+            for s in kept.segments
+        ]
 
     def unplanned_step_s(self) -> float:
         return 3 * sum(self.forward_s)
@@ -148,7 +157,10 @@ class EstimatedCosts:
         chunks: int = 1,
         pieces: int = 1,
         input_batch_dims: Sequence[int | None] | None = None,
+        selective: bool = False,
     ) -> Cost:
+        if selective:
+            return Cost(sum(self.cheap_forward_s[first:end]))
         # Each extra chunk pays the per-op overhead again, in the forward and in backward.
         overhead = 2 * (chunks - 1) * sum(self.num_ops[first:end]) * self.time_model.op_overhead_s
         return Cost(sum(self.forward_s[first:end]) + overhead)
@@ -223,12 +235,26 @@ class MeasuredCosts:
         chunks: int = 1,
         pieces: int = 1,
         input_batch_dims: Sequence[int | None] | None = None,
+        selective: bool = False,
     ) -> Cost:
+        if selective:
+            return self._selective(first, end)
         return self._guarded(
             lambda: self._recompute(first, end, chunks, pieces, input_batch_dims),
             lambda: self.fallback.recompute_s(
                 first, end, chunks=chunks, pieces=pieces, input_batch_dims=input_batch_dims
             ),
+        )
+
+    def _selective(self, first: int, end: int) -> Cost:
+        """A selective recompute is not timed alone: the timed forward of the positions, scaled
+        by the share of it the estimate gives their cheap ops (NOTE [Selective recompute])."""
+        whole = self.fallback.recompute_s(first, end).seconds
+        cheap = self.fallback.recompute_s(first, end, selective=True).seconds
+        share = cheap / whole if whole > 0 else 1.0
+        return self._guarded(
+            lambda: Cost(share * sum(self.stopwatch.plain_step().forward_s[first:end])),
+            lambda: Cost(cheap),
         )
 
     def micro_batch_s(self, pieces: int) -> Cost:
@@ -309,13 +335,19 @@ def timed_s(
     chunks: int = 1,
     pieces: int = 1,
     input_batch_dims: Sequence[int | None] | None = None,
+    selective: bool = False,
 ) -> float:
     """:meth:`StepCosts.recompute_s`'s seconds, timed first where they can be: what a plan's
     decided run of positions ``first..end-1`` adds."""
 
     def cost() -> Cost:
         return costs.recompute_s(
-            first, end, chunks=chunks, pieces=pieces, input_batch_dims=input_batch_dims
+            first,
+            end,
+            chunks=chunks,
+            pieces=pieces,
+            input_batch_dims=input_batch_dims,
+            selective=selective,
         )
 
     found = cost()

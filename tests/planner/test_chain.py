@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from autockpt.planner.chain import recompute_lower_bound_bytes
+from autockpt.planner.chain_terms import recompute_lower_bound_bytes
 from autockpt.planner.measure import FakeTrainingState, profile_step
 from autockpt.planner.segmented import KEEP, SegmentAction
 from autockpt.planner.trace import trace_model
