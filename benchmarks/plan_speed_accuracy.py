@@ -60,7 +60,11 @@ TOLERANCE = 0.15
 def chosen(plan: autockpt.Plan) -> str:
     """The plan's actions in a few words: chunked and recomputed segments, micro-batches."""
     parts = [
-        f"{s.name} x{s.num_chunks}" if s.num_chunks > 1 else s.name
+        f"{s.name} x{s.num_chunks}"
+        if s.num_chunks > 1
+        else f"{s.name} (cheap ops)"
+        if s.selective
+        else s.name
         for s in plan.segments
         if s.recomputed
     ]

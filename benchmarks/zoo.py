@@ -96,6 +96,8 @@ def step_ratio(
 def what_it_does(plan: autockpt.Plan) -> str:
     chunks = sorted({s.num_chunks for s in plan.segments if s.num_chunks > 1})
     parts = [f"{plan.num_recomputed}/{len(plan.segments)} recomputed"]
+    if selective := sum(s.selective for s in plan.segments):
+        parts[0] += f" ({selective} selectively)"
     if chunks:
         parts.append(f"chunks {','.join(map(str, chunks))}")
     if plan.num_micro_batches > 1:

@@ -301,6 +301,17 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "stage-stop-on-sums",
+        "a stage's fit ends the search on the solver's sums, the plan timed whole overruled",
+        "autockpt/planner/planning.py",
+        "                if stage_timed.extra_s <= WIDEN_PAST_SHARE * plain_s:",
+        "                if True:",
+        (
+            "tests/planner/test_timing.py::"
+            "test_a_fit_whose_sums_say_free_but_timed_whole_is_slow_does_not_end_the_search",
+        ),
+    ),
+    Mutation(
         "selective-keeps-nothing",
         "a selective recompute keeps no op's output: it runs the matrix products again too",
         "autockpt/planner/selective.py",

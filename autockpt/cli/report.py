@@ -100,10 +100,12 @@ def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
     )
     # Signed: a plan measured faster than the plain step (smaller chunks can be) saves time.
     overhead = plan.predicted_extra_s / plan.unplanned_step_s if plan.unplanned_step_s else 0.0
+    selective = sum(s.selective for s in plan.segments)
     console.print(
         f"step time:     {plan.predicted_extra_s * 1000:+.2f} ms predicted over "
         f"{plan.unplanned_step_s * 1000:.2f} ms ({overhead:+.0%}); "
         f"{plan.num_recomputed} of {len(plan.segments)} segments recomputed"
+        + (f" ({selective} only their cheap ops)" if selective else "")
     )
     if plan.num_micro_batches > 1:
         console.print(

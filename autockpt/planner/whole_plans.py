@@ -15,7 +15,9 @@ NOTE [Measured step time]), the final choice is made by timing:
   compare.
 - *Timing.* The plain step and every candidate run forward, loss and backward on the real
   model, the micro-batches of a candidate each with its backward, one after the other in
-  rounds, so that a noisy moment slows every plan of its round alike. Gradients come from
+  rounds, so that a noisy moment slows every plan of its round alike; the order rotates every
+  round, so that none always follows the same other one (the allocator and the caches hold
+  what the run before left). Gradients come from
   ``torch.autograd.grad`` (no ``.grad`` is written) and buffers are put back after each run.
   At least ``MIN_ROUNDS`` rounds, more while the rounds so far took under ``ROUNDS_S``
   seconds, at most ``MAX_ROUNDS``.
@@ -101,7 +103,8 @@ def fastest_of(
     """Time the plain step and every candidate in rounds; the fastest (NOTE [Whole-plan timing]).
 
     Args:
-        candidates: plans that fit, each with its fake-tensor measurement (at least two).
+        candidates: plans that fit, each with its fake-tensor measurement (one is timed
+            against the plain step alone).
         runner: runs steps on the real model.
         plain_s: the plain step's time as the planner knows it (with the optimizer), to print
             each candidate's ratio against.
@@ -111,9 +114,10 @@ def fastest_of(
     started = time.perf_counter()
     rounds = 0
     while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - started < ROUNDS_S):
-        for run, seconds in zip(runs, times, strict=True):
+        # The order rotates every round: no plan always runs right after the same other one.
+        for index in [*range(rounds % len(runs), len(runs)), *range(rounds % len(runs))]:
             with runner.stopwatch.isolated():
-                seconds.append(run())
+                times[index].append(runs[index]())
         rounds += 1
     medians = [sorted(t)[len(t) // 2] for t in times]
     plain, each = medians[0], medians[1:]
@@ -127,6 +131,8 @@ def fastest_of(
     note = (
         f"timed {len(candidates)} plans that fit whole against the plain step "
         f"({rounds} rounds): {described}; took the fastest"
+        if len(candidates) > 1
+        else f"timed the plan whole against the plain step ({rounds} rounds): {described}"
     )
     return TimedChoice(decision, profile, each[best] - plain, note)
 

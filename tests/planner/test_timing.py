@@ -18,6 +18,7 @@ from autockpt.planner.segmented import KEEP
 from autockpt.planner.stopwatch import StepTimes, Stopwatch
 from autockpt.planner.timing import EstimatedCosts, MeasuredCosts, TimeModel
 from autockpt.planner.trace import TracedModel
+from autockpt.planner.whole_plans import StepRunner
 from tests.helpers import BatchNormNet, MLPStack
 
 FORWARD_SLEEP_S = 0.1
@@ -156,13 +157,24 @@ class _FakeTimes:
         return (kept + self.EXTRA_S.get(chunks, 0.0)) / chunks
 
 
-def test_the_fastest_timed_chunk_count_is_chosen_and_predicted(monkeypatch):
+def _mlp_with_fake_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[nn.Module, tuple[torch.Tensor], TracedModel | Any, _FakeTimes]:
+    """An MLP whose stopwatch gives :class:`_FakeTimes` (and 0.25 s for the optimizer)."""
     model, inputs = MLPStack(128, 6, 0.0), (torch.randn(256, 128),)
     traced = trace_or_find_modules(model, inputs)
     fake = _FakeTimes(len(traced.segments), traced.regions, 256)
     monkeypatch.setattr(Stopwatch, "plain_step", fake.plain_step)
     monkeypatch.setattr(Stopwatch, "region_piece_s", fake.region_piece_s)
     monkeypatch.setattr(Stopwatch, "optimizer_s", lambda self: 0.25)
+    return model, inputs, traced, fake
+
+
+def test_the_fastest_timed_chunk_count_is_chosen_and_predicted(monkeypatch):
+    model, inputs, traced, fake = _mlp_with_fake_times(monkeypatch)
+    # Timed whole (the sums say the plan adds nothing, so it is timed whole before the search
+    # stops), the plan takes what its pieces summed to: 0.2 s less than the plain step.
+    monkeypatch.setattr(StepRunner, "seconds", lambda self, d: lambda: 1.0 if d is None else 0.8)
     unplanned = autockpt.plan(model, inputs, 10**12).unplanned_peak_bytes
     lowest = autockpt.plan(model, inputs, unplanned).minimum_feasible_bytes
     # Below every plain-recompute plan: only chunks (or micro-batches) fit, and 4 chunks do.
@@ -176,6 +188,28 @@ def test_the_fastest_timed_chunk_count_is_chosen_and_predicted(monkeypatch):
     assert all(s.recompute_s == pytest.approx(-0.1) for s in chunked)
     assert plan.unplanned_step_s == pytest.approx(3.0 * len(traced.segments) + 0.5 + 0.25)
     assert any("timed on the real model" in note for note in plan.notes)
+    assert any("timed the plan whole" in note for note in plan.notes)
+
+
+def test_a_fit_whose_sums_say_free_but_timed_whole_is_slow_does_not_end_the_search(monkeypatch):
+    # The pieces of 8 chunks sum to less than keeping, but the whole chunked step is 2x the
+    # plain one and micro-batches 1.05x: the search must go on to micro-batches and take them.
+    # (The fake plain step: 3 s a segment, as the pieces say.)
+    model, inputs, traced, fake = _mlp_with_fake_times(monkeypatch)
+
+    plain_s = 3.0 * len(traced.segments)
+
+    def whole_s(self: StepRunner, decision: Any) -> Any:
+        if decision is None:
+            return lambda: plain_s
+        return lambda: plain_s * (1.05 if decision.num_micro_batches > 1 else 2.0)
+
+    monkeypatch.setattr(StepRunner, "seconds", whole_s)
+    unplanned = autockpt.plan(model, inputs, 10**12).unplanned_peak_bytes
+    lowest = autockpt.plan(model, inputs, unplanned).minimum_feasible_bytes
+    plan = autockpt.plan(model, inputs, int(lowest * 0.85))
+    assert plan.num_micro_batches > 1, [s.reason for s in plan.segments]
+    assert plan.predicted_extra_s == pytest.approx(0.05 * plain_s)
 
 
 def test_a_budget_the_plain_step_meets_times_nothing(monkeypatch):
