@@ -356,6 +356,17 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "selective-mode-free",
+        "a selective recompute's cost leaves out its dispatch modes' per-op overhead",
+        "autockpt/planner/timing.py",
+        "            + 2 * s.forward_num_ops * time_model.mode_overhead_s",
+        "            + 0.0",
+        (
+            "tests/planner/test_selective.py::"
+            "test_a_costly_dispatch_mode_makes_a_plain_recompute_the_cheaper_one",
+        ),
+    ),
+    Mutation(
         "selective-never-offered",
         "the chain never offers a selective recompute",
         "autockpt/planner/chain.py",

@@ -10,6 +10,10 @@ estimated as
 with the three rates measured on the target device when the planner first needs them (a
 matrix product for ``flops_per_s``, an elementwise add on a large tensor for ``bytes_per_s``,
 many tiny ops for ``op_overhead_s``; about a tenth of a second on a CPU, cached per device).
+A selective recompute (NOTE [Selective recompute]) also pays, for every op of its segment,
+twice what a Python dispatch mode adds to an op (timed on tiny ops under a mode that only
+runs them): on the zoo's 10-20 ms CPU steps that made recomputing every segment selectively
+slower than recomputing it whole (nanoGPT 2.05x against 1.81x).
 A plain step is three forwards; recomputing a segment costs its forward again; ``k`` chunks
 and ``m`` micro-batches pay the per-op overhead again for every extra piece. It ranks actions
 the right way round on a GPU, where FLOPs dominate; on a CPU it missed by a factor of three on
@@ -49,9 +53,10 @@ import functools
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from autockpt.planner.measure import StepProfile
 from autockpt.planner.stopwatch import Stopwatch
@@ -66,6 +71,8 @@ class TimeModel:
     flops_per_s: float
     bytes_per_s: float
     op_overhead_s: float
+    mode_overhead_s: float = 0.0
+    """What a Python dispatch mode adds to every op it sees (selective recompute's two modes)."""
 
     def seconds(self, *, flops: float, moved_bytes: float, num_ops: float) -> float:
         """Estimated seconds for ``num_ops`` ops doing ``flops`` and moving ``moved_bytes``."""
@@ -138,11 +145,14 @@ class EstimatedCosts:
             for s in kept.segments
         ]
         self.num_ops = [s.forward_num_ops for s in kept.segments]
-        # A selective recompute skips the matrix products, which do nearly all the FLOPs.
+        # A selective recompute skips the matrix products, which do nearly all the FLOPs, but
+        # every op of the segment passes through torch's Python dispatch mode twice (caching in
+        # forward, replaying in the recompute).
         self.cheap_forward_s = [
             time_model.seconds(
                 flops=0, moved_bytes=s.forward_moved_bytes, num_ops=s.forward_num_ops
             )
+            + 2 * s.forward_num_ops * time_model.mode_overhead_s
             for s in kept.segments
         ]
 
@@ -373,11 +383,23 @@ def calibrate(device_type: str = "cpu", device_index: int | None = None) -> Time
         add_s = _median_seconds(lambda: big.add(1.0), device)
         tiny = torch.randn(8, device=device)
         overhead_s = _median_seconds(lambda: tiny.add(1.0), device, repeats=200)
+        with _PassThrough():
+            in_mode_s = _median_seconds(lambda: tiny.add(1.0), device, repeats=200)
     return TimeModel(
         flops_per_s=2 * size**3 / max(matmul_s - overhead_s, 1e-9),
         bytes_per_s=2 * big.numel() * big.element_size() / max(add_s - overhead_s, 1e-9),
         op_overhead_s=overhead_s,
+        mode_overhead_s=max(in_mode_s - overhead_s, 0.0),
     )
+
+
+class _PassThrough(TorchDispatchMode):
+    """A dispatch mode that only runs each op: what any Python mode costs per op."""
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        return func(*args, **(kwargs or {}))
 
 
 def _median_seconds(work: Callable[[], object], device: torch.device, repeats: int = 7) -> float:

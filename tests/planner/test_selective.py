@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -11,9 +12,11 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import autockpt
+from autockpt.planner import planning
 from autockpt.planner.module_chain import trace_or_find_modules
 from autockpt.planner.selective import SELECTIVE, may_recompute_selectively
 from autockpt.planner.selective_segments import selective_segments
+from tests.conftest import FIXED_TIME_MODEL
 from tests.helpers import MLPStack
 from tests.oracle import measured_step
 from tests.styles import BATCH, WIDTH, TinyGPT
@@ -89,7 +92,7 @@ class WidePointwise(nn.Module):
         return x
 
 
-def test_the_planner_recomputes_cheap_ops_where_that_fits_and_the_peak_holds():
+def test_the_planner_recomputes_cheap_ops_where_that_fits_and_the_peak_holds(fixed_time_model):
     model, x = WidePointwise(), torch.randn(512, 64)
     options: dict[str, Any] = {"allow_micro_batches": False, "allow_chunks": False}
     unplanned = autockpt.plan(model, (x,), 10**12, **options).unplanned_peak_bytes
@@ -102,6 +105,18 @@ def test_the_planner_recomputes_cheap_ops_where_that_fits_and_the_peak_holds():
     _, _, want = measured_step(model, (x,))
     for name, gradient in want.items():
         torch.testing.assert_close(got[name], gradient, msg=name)
+
+
+def test_a_costly_dispatch_mode_makes_a_plain_recompute_the_cheaper_one(monkeypatch):
+    # The same model and budget, on a device where a Python dispatch mode costs 1 ms an op.
+    slow_mode = dataclasses.replace(FIXED_TIME_MODEL, mode_overhead_s=1e-3)
+    monkeypatch.setattr(planning, "calibrate", lambda *_args, **_kwargs: slow_mode)
+    monkeypatch.setattr(planning, "can_time", lambda *_args, **_kwargs: False)
+    model, x = WidePointwise(), torch.randn(512, 64)
+    options: dict[str, Any] = {"allow_micro_batches": False, "allow_chunks": False}
+    unplanned = autockpt.plan(model, (x,), 10**12, **options).unplanned_peak_bytes
+    plan = autockpt.plan(model, (x,), int(unplanned * 0.8), **options)
+    assert plan.num_recomputed and not any(s.selective for s in plan.segments)
 
 
 class WritesAfterProduct(nn.Module):
