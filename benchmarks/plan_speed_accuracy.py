@@ -3,8 +3,8 @@
 For each preset and each budget (a fraction of the unplanned peak), ``--runs`` times: plan (the
 planner times the real model in this process, NOTE [Measured step time]), then train two deep
 copies of the same model with AdamW, the plain one and the planned one, one step each in turn
-(``--steps`` timed pairs after one untimed step each), and take the ratio of the median planned
-step to the median plain step. Each run's ratio and prediction are printed as it finishes; the
+(``--steps`` timed pairs after ``--warmup`` untimed ones), and take the ratio of the median
+planned step to the median plain step. Each run's ratio and prediction are printed as it finishes; the
 table gives, per preset and budget, the plan(s) chosen, the predicted overhead
 (``plan.predicted_extra_s / plan.unplanned_step_s``, what ``autockpt plan`` prints), the measured
 ratios of every run, their median, and whether the prediction is within ``TOLERANCE`` (15
@@ -73,8 +73,9 @@ def chosen(plan: autockpt.Plan) -> str:
     return ", ".join(parts) or "nothing"
 
 
-def one_run(work: Workload, budget: int, steps: int, seed: int) -> dict[str, Any]:
-    """Plan at ``budget``, then time plain and planned steps alternating."""
+def one_run(work: Workload, budget: int, steps: int, seed: int, warmup: int = 1) -> dict[str, Any]:
+    """Plan at ``budget``, then time plain and planned steps alternating, after ``warmup``
+    untimed pairs."""
     started = time.perf_counter()
     planned = planned_strategy(work, "planned", budget)
     planning_s = time.perf_counter() - started
@@ -82,9 +83,10 @@ def one_run(work: Workload, budget: int, steps: int, seed: int) -> dict[str, Any
     plain = Strategy(name="plain", model=model, optimizer=optimizer, runner=model)
     assert planned.plan is not None
     pair = (plain, planned)
-    for strategy in pair:  # the untimed first step of each
-        torch.manual_seed(seed)
-        strategy.step(work)
+    for _ in range(warmup):  # untimed steps of each
+        for strategy in pair:
+            torch.manual_seed(seed)
+            strategy.step(work)
     for index in range(steps):
         # Alternate which goes first, so that neither always follows the other.
         for strategy in pair if index % 2 == 0 else pair[::-1]:
@@ -111,7 +113,7 @@ def one_run(work: Workload, budget: int, steps: int, seed: int) -> dict[str, Any
 
 
 def bench(
-    preset: str, fractions: Sequence[float], runs: int, steps: int, seed: int
+    preset: str, fractions: Sequence[float], runs: int, steps: int, seed: int, warmup: int = 1
 ) -> list[dict[str, Any]]:
     work = make_workload(preset, None, torch.device("cpu"), seed)
     reference = plan_for(work, UNLIMITED_BYTES, use_gradient_checkpointing=False)
@@ -123,7 +125,7 @@ def bench(
         try:
             results = []
             for run in range(runs):
-                result = one_run(work, budget, steps, seed)
+                result = one_run(work, budget, steps, seed, warmup)
                 results.append(result)
                 print(
                     f"{preset} {fraction:.0%} run {run + 1}: {result['plan']}; predicted "
@@ -196,6 +198,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget-fractions", type=_fractions, default=[0.5, 0.25])
     parser.add_argument("--runs", type=int, default=3, help="runs per budget (default: 3)")
     parser.add_argument("--steps", type=int, default=6, help="timed pairs per run (default: 6)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="untimed pairs before them (default: 1; more where the first steps of a process "
+        "still map fresh pages)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument(
         "--keep-freed-memory",
@@ -212,7 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [
         row
         for preset in args.presets
-        for row in bench(preset, args.budget_fractions, args.runs, args.steps, args.seed)
+        for row in bench(
+            preset, args.budget_fractions, args.runs, args.steps, args.seed, args.warmup
+        )
     ]
     load_after = os.getloadavg()
     print()

@@ -312,6 +312,28 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "plain-step-unsettled",
+        "the plain step is timed twice at most, however much faster its second run was",
+        "autockpt/planner/stopwatch.py",
+        "SETTLED_SHARE, MAX_SETTLING_RUNS = 0.9, 6",
+        "SETTLED_SHARE, MAX_SETTLING_RUNS = 0.9, 2",
+        (
+            "tests/planner/test_timing.py::"
+            "test_the_plain_step_is_timed_again_until_it_stops_getting_faster",
+        ),
+    ),
+    Mutation(
+        "whole-plan-median",
+        "whole plans are ranked by their median round, runs slowed by the plan before included",
+        "autockpt/planner/whole_plans.py",
+        "    fastest = [min(t) for t in times]",
+        "    fastest = [sorted(t)[len(t) // 2] for t in times]",
+        (
+            "tests/planner/test_whole_plans.py::"
+            "test_a_plan_is_judged_by_its_fastest_round_not_by_runs_after_other_plans",
+        ),
+    ),
+    Mutation(
         "selective-keeps-nothing",
         "a selective recompute keeps no op's output: it runs the matrix products again too",
         "autockpt/planner/selective.py",

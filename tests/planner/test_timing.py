@@ -20,6 +20,7 @@ from autockpt.planner.timing import EstimatedCosts, MeasuredCosts, TimeModel
 from autockpt.planner.trace import TracedModel
 from autockpt.planner.whole_plans import StepRunner
 from tests.helpers import BatchNormNet, MLPStack
+from tests.planner.fake_times import mlp_with_fake_times
 
 FORWARD_SLEEP_S = 0.1
 BACKWARD_SLEEP_S = 0.15
@@ -59,16 +60,20 @@ class SleepyNet(nn.Module):
         return x
 
 
-COLD_START_S = 0.3
-_cold_calls: list[int] = []
+#: What a process's first steps pay for mapping their memory: one slow step where that is
+#: cheap, a few ever less slow ones where mapping a page is slow.
+COLD_START_S = (0.3,)
+SETTLING_S = (0.3, 0.15, 0.08)
+_first_steps: dict[str, Any] = {"sleeps_s": COLD_START_S, "calls": 0}
 
 
 @torch.fx.wrap
-def slow_the_first_time(x: torch.Tensor) -> torch.Tensor:
-    """Sleeps on its first call only, as a process's first step pays for mapping its memory."""
-    if not _cold_calls:
-        time.sleep(COLD_START_S)
-    _cold_calls.append(1)
+def slow_the_first_steps(x: torch.Tensor) -> torch.Tensor:
+    """Sleeps ``_first_steps["sleeps_s"][i]`` on its ``i``-th call, then not at all."""
+    sleeps_s, calls = _first_steps["sleeps_s"], _first_steps["calls"]
+    if calls < len(sleeps_s):
+        time.sleep(sleeps_s[calls])
+    _first_steps["calls"] = calls + 1
     return x * 1.0
 
 
@@ -79,7 +84,15 @@ class ColdStartNet(nn.Module):
         self.second = nn.Linear(32, 32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.second(slow_the_first_time(torch.relu(self.first(x))))  # (B, 32)
+        return self.second(slow_the_first_steps(torch.relu(self.first(x))))  # (B, 32)
+
+
+def _plain_step_with_first_steps(sleeps_s: tuple[float, ...]) -> StepTimes:
+    watch = _stopwatch(ColdStartNet(), (torch.randn(16, 32),))
+    _first_steps.update(sleeps_s=sleeps_s, calls=0)
+    times = watch.plain_step()
+    assert _first_steps["calls"] > len(sleeps_s), "the step ran past its slow first calls"
+    return times
 
 
 def _stopwatch(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Stopwatch:
@@ -111,11 +124,14 @@ def test_the_plain_step_is_timed_segment_by_segment():
 
 
 def test_the_plain_step_is_timed_warm_not_as_the_first_step_of_the_process():
-    watch = _stopwatch(ColdStartNet(), (torch.randn(16, 32),))
-    _cold_calls.clear()
-    times = watch.plain_step()
-    assert _cold_calls, "the slow op ran"
-    assert times.total_s < COLD_START_S / 2
+    times = _plain_step_with_first_steps(COLD_START_S)
+    assert times.total_s < COLD_START_S[-1] / 2
+
+
+def test_the_plain_step_is_timed_again_until_it_stops_getting_faster():
+    times = _plain_step_with_first_steps(SETTLING_S)
+    # Settled, the step is two 16 x 32 linears: far under the last settling sleep.
+    assert times.total_s < SETTLING_S[-1] / 2
 
 
 def test_timing_leaves_parameters_gradients_and_buffers_as_they_were():
@@ -133,45 +149,8 @@ def test_timing_leaves_parameters_gradients_and_buffers_as_they_were():
         torch.testing.assert_close(after[key], value, rtol=0, atol=0, msg=key)
 
 
-class _FakeTimes:
-    """Stands in for the stopwatch's runs: every segment 1 s forward and 2 s backward, and a
-    region in ``k`` chunks ``EXTRA_S[k]`` slower than kept (8 chunks faster than kept)."""
-
-    EXTRA_S = {2: 0.3, 4: 0.2, 8: -0.1, 16: 0.4, 32: 0.5}
-
-    def __init__(self, num_segments: int, regions: Sequence[tuple[int, int]], batch: int) -> None:
-        self.num_segments = num_segments
-        self.regions = regions
-        self.batch = batch
-        self.timed: list[tuple[int, int]] = []
-
-    def plain_step(self, pieces: int = 1) -> StepTimes:
-        share = 1.0 / pieces
-        return StepTimes((share,) * self.num_segments, (2 * share,) * self.num_segments, 0.5)
-
-    def region_piece_s(self, region: int, samples: int, dims: Sequence[int | None]) -> float:
-        self.timed.append((region, samples))
-        first, end = self.regions[region]
-        chunks = self.batch // samples
-        kept = 3.0 * (end - first)
-        return (kept + self.EXTRA_S.get(chunks, 0.0)) / chunks
-
-
-def _mlp_with_fake_times(
-    monkeypatch: pytest.MonkeyPatch,
-) -> tuple[nn.Module, tuple[torch.Tensor], TracedModel | Any, _FakeTimes]:
-    """An MLP whose stopwatch gives :class:`_FakeTimes` (and 0.25 s for the optimizer)."""
-    model, inputs = MLPStack(128, 6, 0.0), (torch.randn(256, 128),)
-    traced = trace_or_find_modules(model, inputs)
-    fake = _FakeTimes(len(traced.segments), traced.regions, 256)
-    monkeypatch.setattr(Stopwatch, "plain_step", fake.plain_step)
-    monkeypatch.setattr(Stopwatch, "region_piece_s", fake.region_piece_s)
-    monkeypatch.setattr(Stopwatch, "optimizer_s", lambda self: 0.25)
-    return model, inputs, traced, fake
-
-
 def test_the_fastest_timed_chunk_count_is_chosen_and_predicted(monkeypatch):
-    model, inputs, traced, fake = _mlp_with_fake_times(monkeypatch)
+    model, inputs, traced, fake = mlp_with_fake_times(monkeypatch)
     # Timed whole (the sums say the plan adds nothing, so it is timed whole before the search
     # stops), the plan takes what its pieces summed to: 0.2 s less than the plain step.
     monkeypatch.setattr(StepRunner, "seconds", lambda self, d: lambda: 1.0 if d is None else 0.8)
@@ -195,7 +174,7 @@ def test_a_fit_whose_sums_say_free_but_timed_whole_is_slow_does_not_end_the_sear
     # The pieces of 8 chunks sum to less than keeping, but the whole chunked step is 2x the
     # plain one and micro-batches 1.05x: the search must go on to micro-batches and take them.
     # (The fake plain step: 3 s a segment, as the pieces say.)
-    model, inputs, traced, fake = _mlp_with_fake_times(monkeypatch)
+    model, inputs, traced, fake = mlp_with_fake_times(monkeypatch)
 
     plain_s = 3.0 * len(traced.segments)
 
