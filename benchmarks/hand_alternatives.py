@@ -23,7 +23,6 @@ the ratio of the two in brackets.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import functools
 import statistics
@@ -40,7 +39,7 @@ from torch.utils.checkpoint import checkpoint
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the zoo and the counter live in the tests package
 
-from zoo import what_it_does  # noqa: E402
+from zoo import chosen_models, what_it_does, zoo_parser  # noqa: E402
 
 import autockpt  # noqa: E402
 from autockpt.planner.measure import default_loss  # noqa: E402
@@ -93,8 +92,8 @@ def one_model(case: ZooCase, repeats: int) -> list[str]:
         loss_fn(model(*inputs), *targets).backward()
 
     unplanned_peak, _, _ = measured_step(model, inputs, **options)
-    ways: dict[str, tuple[int, float]] = {}  # name -> (counted peak, time ratio)
-    steps: dict[str, Callable[[], None]] = {}  # name -> its step, for the head-to-head timing
+    # name -> (counted peak, time ratio, its step for the head-to-head timing)
+    ways: dict[str, tuple[int, float, Callable[[], None]]] = {}
     failed: list[str] = []
     for name, every in (("ckpt all", 1), ("ckpt every other", 2)):
         variant = hand_checkpointed(model, every)
@@ -108,8 +107,7 @@ def one_model(case: ZooCase, repeats: int) -> list[str]:
         except RuntimeError as error:  # e.g. an in-place op on a checkpointed block's output
             failed.append(f"{name} fails ({str(error).split(':')[0]})")
             continue
-        ways[name] = (peak, timed_ratio(plain, step, repeats))
-        steps[name] = step
+        ways[name] = (peak, timed_ratio(plain, step, repeats), step)
     # Splitting by hand is written for tensor inputs (a dict batch needs its own splitter).
     if case.separable and all(isinstance(x, torch.Tensor) for x in inputs):
         batch = len(inputs[0]) if isinstance(inputs[0], torch.Tensor) else case.bench_batch_size
@@ -126,13 +124,12 @@ def one_model(case: ZooCase, repeats: int) -> list[str]:
                     loss_fn(model(*part), *part_targets).backward()
 
             peak = measured_step(model, inputs, num_pieces=pieces, **options)[0]
-            ways[f"micro {pieces}"] = (peak, timed_ratio(plain, step, repeats))
-            steps[f"micro {pieces}"] = step
+            ways[f"micro {pieces}"] = (peak, timed_ratio(plain, step, repeats), step)
 
     rows = []
     for share in BUDGET_SHARES:
         budget = int(unplanned_peak * share)
-        fitting = {name: ratio for name, (peak, ratio) in ways.items() if peak <= budget}
+        fitting = {name: ratio for name, (peak, ratio, _) in ways.items() if peak <= budget}
         best = min(fitting, key=fitting.__getitem__) if fitting else None
         best_text = f"{best} {fitting[best]:.2f}x" if best else "none fits"
         try:
@@ -166,14 +163,17 @@ def one_model(case: ZooCase, repeats: int) -> list[str]:
             if best is not None:
                 # Each way's ratio to the plain step moves by up to 10% between runs on 10-20 ms
                 # steps: the verdict comes from the plan timed against that way directly.
-                head_to_head = timed_ratio(steps[best], with_plan, repeats)
+                head_to_head = timed_ratio(ways[best][2], with_plan, repeats)
                 beats = f"{'yes' if head_to_head <= 1.03 else 'no'} ({head_to_head:.2f}x)"
         rows.append(
             f"| {case.name} | {case.bench_batch_size} | {unplanned_peak / MIB:.1f} | {share:.0%} "
             f"| {plan_text} | {best_text} | {beats} |"
         )
     summary = ", ".join(
-        [f"{name} {peak / unplanned_peak:.0%}/{ratio:.2f}x" for name, (peak, ratio) in ways.items()]
+        [
+            f"{name} {peak / unplanned_peak:.0%}/{ratio:.2f}x"
+            for name, (peak, ratio, _) in ways.items()
+        ]
         + failed
     )
     rows.append(f"|  |  |  | hand-made (peak share / time) | {summary} |  |  |")
@@ -181,12 +181,9 @@ def one_model(case: ZooCase, repeats: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="comma-separated zoo names (default: all)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed step pairs per way")
+    parser = zoo_parser(__doc__.splitlines()[0], repeats=3, repeats_help="timed step pairs per way")
     options = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    names = [n for n in options.only.split(",") if n] or list(ZOO)
+    names = chosen_models(options)
     print(
         "| model | batch | unplanned MiB (counted) | budget | autockpt | fastest hand-made that fits "
         "| beats (plan / that way) |"

@@ -17,7 +17,6 @@ hooks have no selective option ("-").
 
 from __future__ import annotations
 
-import argparse
 import sys
 import warnings
 from pathlib import Path
@@ -28,7 +27,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the zoo and the oracle live in the tests package
 
-from zoo import plan_quietly, step_ratio  # noqa: E402
+from zoo import chosen_models, plan_quietly, step_ratio, zoo_parser  # noqa: E402
 
 import autockpt  # noqa: E402
 from autockpt.planner.measure import default_loss  # noqa: E402
@@ -89,12 +88,11 @@ def row(case: ZooCase, repeats: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="comma-separated zoo names (default: all)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed step pairs per plan")
+    parser = zoo_parser(
+        __doc__.splitlines()[0], repeats=5, repeats_help="timed step pairs per plan"
+    )
     options = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    names = [n for n in options.only.split(",") if n] or list(ZOO)
+    names = chosen_models(options)
     print(
         "| model | segments | selective | recompute all: peak | time | selective all: peak | time |"
     )

@@ -45,6 +45,20 @@ from tft.model import TemporalFusionTransformer  # noqa: E402
 MIB = 2**20
 
 
+def zoo_parser(description: str, *, repeats: int, repeats_help: str) -> argparse.ArgumentParser:
+    """The zoo benchmarks' common options: ``--only NAME,...`` and ``--repeats N``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--only", default="", help="comma-separated zoo names (default: all)")
+    parser.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
+    return parser
+
+
+def chosen_models(options: argparse.Namespace) -> list[str]:
+    """The ``--only`` names, or the whole zoo; torch set to the one thread the tables time."""
+    torch.set_num_threads(1)
+    return [n for n in options.only.split(",") if n] or list(ZOO)
+
+
 def plan_quietly(model: torch.nn.Module, batch: Any, budget: int, loss_fn: Any) -> autockpt.Plan:
     """``autockpt.plan`` with the fallback's warning silenced."""
     inputs, targets = batch
@@ -162,13 +176,12 @@ def tft_check(batch_sizes: tuple[int, ...] = (16, 32)) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="comma-separated zoo names (default: all)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed step pairs per model")
+    parser = zoo_parser(
+        __doc__.splitlines()[0], repeats=5, repeats_help="timed step pairs per model"
+    )
     parser.add_argument("--tft-225", action="store_true", help="also the TFT-225 check")
     options = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    names = [n for n in options.only.split(",") if n] or list(ZOO)
+    names = chosen_models(options)
     print(
         "| model | batch | unplanned MiB | minimum | plan at 50% | step 50% | planning s "
         "| what bounds the minimum |"
