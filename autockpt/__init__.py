@@ -17,11 +17,11 @@ from autockpt.errors import (
     TraceError,
 )
 from autockpt.planner.apply import apply
-from autockpt.planner.memory import MemoryTracker, tensors_of
-from autockpt.planner.plan import plan
-from autockpt.planner.plan_model import PeakBreakdown, Plan, SegmentPlan
-from autockpt.planner.step import training_step
-from autockpt.planner.units import Budget, format_bytes, parse_budget
+from autockpt.planner.core.memory_tracker import MemoryTracker, tensors_of
+from autockpt.planner.core.units import Budget, format_bytes, parse_budget
+from autockpt.planner.entry import plan
+from autockpt.planner.plan_types import PeakBreakdown, Plan, SegmentPlan
+from autockpt.planner.training_step import training_step
 
 __all__ = [
     "AutockptError",

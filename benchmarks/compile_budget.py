@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO))  # the zoo lives in the tests package
 from zoo import what_it_does  # noqa: E402
 
 import autockpt  # noqa: E402
-from autockpt.planner.measure import default_loss  # noqa: E402
+from autockpt.planner.measure.fake_step import default_loss  # noqa: E402
 from tests.zoo import ZOO  # noqa: E402
 from tests.zoo.tft_like import tft_batch, tft_loss  # noqa: E402
 from tft.config import get_preset  # noqa: E402

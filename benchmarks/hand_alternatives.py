@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))  # the zoo and the counter live in the tests packa
 from zoo import chosen_models, what_it_does, zoo_parser  # noqa: E402
 
 import autockpt  # noqa: E402
-from autockpt.planner.measure import default_loss  # noqa: E402
+from autockpt.planner.measure.fake_step import default_loss  # noqa: E402
 from tests.oracle import measured_step  # noqa: E402
 from tests.zoo import ZOO  # noqa: E402
 from tests.zoo.case import ZooCase  # noqa: E402

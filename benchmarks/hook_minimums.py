@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the zoo lives in the tests package
 
 import autockpt  # noqa: E402
-from autockpt.planner.measure import default_loss  # noqa: E402
+from autockpt.planner.measure.fake_step import default_loss  # noqa: E402
 from benchmarks.tft_speed import bench_config, their_model  # noqa: E402
 from tests.zoo import ZOO  # noqa: E402
 from tft.loss import quantile_loss  # noqa: E402

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from autockpt.planner.units import format_bytes
+from autockpt.planner.core.units import format_bytes
 from autockpt.training.config import load_train_config
 from autockpt.training.distributed import SilentReporter
 from autockpt.training.prepare import prepare

@@ -67,8 +67,8 @@ def stage_timers() -> Iterator[dict[str, float]]:
     seconds: dict[str, float] = defaultdict(float)
     # The modules that call the stages (not the function ``autockpt.plan``).
     modules = [
-        importlib.import_module("autockpt.planner.planning"),
-        importlib.import_module("autockpt.planner.search"),
+        importlib.import_module("autockpt.planner.pipeline"),
+        importlib.import_module("autockpt.planner.solve.budget_search"),
     ]
     originals = [
         (module, name, getattr(module, name))

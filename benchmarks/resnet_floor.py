@@ -28,12 +28,12 @@ from pathlib import Path
 import torch
 
 import autockpt
-from autockpt.planner.chain import ChainBuilder, Profiles, unit_segments
-from autockpt.planner.measure import FakeTrainingState, StepProfile, profile_step
-from autockpt.planner.segmented import KEEP, SegmentAction
-from autockpt.planner.solve import minimum_peak
-from autockpt.planner.timing import EstimatedCosts, TimeModel
-from autockpt.planner.trace import Segment, TracedModel, trace_model
+from autockpt.planner.measure.fake_step import FakeTrainingState, StepProfile, profile_step
+from autockpt.planner.runtime.segment_runners import KEEP, SegmentAction
+from autockpt.planner.solve.chain_builder import ChainBuilder, Profiles, unit_segments
+from autockpt.planner.solve.chain_solver import minimum_peak
+from autockpt.planner.timing.time_model import EstimatedCosts, TimeModel
+from autockpt.planner.trace.fx_graph import Segment, TracedModel, trace_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.resnet_style import ResNet18  # noqa: E402
@@ -62,7 +62,7 @@ def floor(kept: StepProfile, traced: TracedModel) -> tuple[int, int, str]:
     """The floor: the states (parameters, optimizer state, inputs, all gradients), the bytes
     above them that the bounding segment's backward needs at once, and that segment's name.
 
-    The bound is :func:`~autockpt.planner.chain_terms.recompute_lower_bound_bytes` over the finest
+    The bound is :func:`~autockpt.planner.solve.chain_terms.recompute_lower_bound_bytes` over the finest
     chain: while segment ``i`` runs backward, no plan holds less than the kept step then,
     less what the segments before it keep.
     """

@@ -30,9 +30,9 @@ sys.path.insert(0, str(REPO))  # the zoo and the oracle live in the tests packag
 from zoo import chosen_models, plan_quietly, step_ratio, zoo_parser  # noqa: E402
 
 import autockpt  # noqa: E402
-from autockpt.planner.measure import default_loss  # noqa: E402
-from autockpt.planner.module_chain import trace_or_find_modules  # noqa: E402
-from autockpt.planner.selective_segments import selective_segments  # noqa: E402
+from autockpt.planner.measure.fake_step import default_loss  # noqa: E402
+from autockpt.planner.runtime.selective_safety import selective_segments  # noqa: E402
+from autockpt.planner.trace.module_chain import trace_or_find_modules  # noqa: E402
 from tests.oracle import measured_step  # noqa: E402
 from tests.zoo import ZOO  # noqa: E402
 from tests.zoo.case import ZooCase  # noqa: E402

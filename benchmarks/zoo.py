@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the zoo lives in the tests package
 
 import autockpt  # noqa: E402
-from autockpt.planner.measure import default_loss  # noqa: E402
+from autockpt.planner.measure.fake_step import default_loss  # noqa: E402
 from tests.zoo import ZOO  # noqa: E402
 from tests.zoo.case import ZooCase  # noqa: E402
 from tests.zoo.tft_like import functional_dropout_tft, tft_batch, tft_loss  # noqa: E402

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autockpt.planner import planning
-from autockpt.planner.timing import TimeModel
+from autockpt.planner import pipeline
+from autockpt.planner.timing.time_model import TimeModel
 
 SAMPLE_PARQUET = Path(__file__).resolve().parents[1] / "examples" / "data" / "sample.parquet"
 
@@ -42,6 +42,6 @@ def fixed_time_model(monkeypatch: pytest.MonkeyPatch) -> TimeModel:
     model, and both move with the load; a test that asserts which kind of plan a budget gets
     (chunks, micro-batches) would otherwise depend on what else runs.
     """
-    monkeypatch.setattr(planning, "calibrate", lambda *_args, **_kwargs: FIXED_TIME_MODEL)
-    monkeypatch.setattr(planning, "can_time", lambda *_args, **_kwargs: False)
+    monkeypatch.setattr(pipeline, "calibrate", lambda *_args, **_kwargs: FIXED_TIME_MODEL)
+    monkeypatch.setattr(pipeline, "can_time", lambda *_args, **_kwargs: False)
     return FIXED_TIME_MODEL

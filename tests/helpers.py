@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import autockpt
-from autockpt.planner.measure import default_loss
+from autockpt.planner.measure.fake_step import default_loss
 from tests.oracle import measured_step
 
 

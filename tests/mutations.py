@@ -62,7 +62,7 @@ MUTATIONS = (
     Mutation(
         "canary",
         "training_step() raises: proves the copy is the package under test",
-        "autockpt/planner/step.py",
+        "autockpt/planner/training_step.py",
         "    pieces = max(plan.num_micro_batches, 1) if plan is not None else 1",
         '    raise RuntimeError("planted")',
         ("tests/planner/test_memory_oracle.py::test_mlp_nothing_recomputed",),
@@ -70,12 +70,12 @@ MUTATIONS = (
     Mutation(
         "tracker-blind-to-addmm",
         "the planner's tracker misses every aten.addmm output (Linear layers)",
-        "autockpt/planner/memory.py",
+        "autockpt/planner/core/memory_tracker.py",
         "if id(tensor.untyped_storage()) not in input_storages:",
         "if id(tensor.untyped_storage()) not in input_storages and func is not "
         "torch.ops.aten.addmm.default:",
         (
-            "tests/planner/test_memory.py",
+            "tests/planner/core/test_memory_tracker.py",
             "tests/planner/test_memory_oracle.py",
             "tests/planner/test_plan.py::test_measured_peak_stays_under_budget_and_equals_prediction",
         ),
@@ -83,7 +83,7 @@ MUTATIONS = (
     Mutation(
         "separability-forced",
         "the whole step is declared batch-separable: a BatchNorm model may be micro-batched",
-        "autockpt/planner/separable.py",
+        "autockpt/planner/measure/separability.py",
         '    """Whether the step separates: the loss reduction that makes it, or None and why not."""',
         '    """Whether the step separates: the loss reduction that makes it, or None and why not."""'
         '\n    return "mean", ""',
@@ -92,7 +92,7 @@ MUTATIONS = (
     Mutation(
         "ddp-sync-on-first-piece",
         "DDP's gradient all-reduce runs with the first micro-batch instead of the last",
-        "autockpt/planner/step.py",
+        "autockpt/planner/training_step.py",
         "last = index == pieces - 1",
         "last = index == 0",
         (
@@ -102,7 +102,7 @@ MUTATIONS = (
     Mutation(
         "micro-batch-weights-equal",
         "each micro-batch's mean loss weighted 1/pieces, not by its share of the batch",
-        "autockpt/planner/step.py",
+        "autockpt/planner/training_step.py",
         'weight = sizes[index] / batch if loss_reduction == "mean" else 1.0',
         'weight = 1 / pieces if loss_reduction == "mean" else 1.0',
         (
@@ -112,15 +112,15 @@ MUTATIONS = (
     Mutation(
         "units",
         "GB read as 2**30 bytes (GiB)",
-        "autockpt/planner/units.py",
+        "autockpt/planner/core/units.py",
         '"gb": 10**9,',
         '"gb": 2**30,',
-        ("tests/planner/test_units.py",),
+        ("tests/planner/core/test_units.py",),
     ),
     Mutation(
         "rng-not-preserved",
         "a recomputed segment draws new dropout masks instead of replaying the forward's",
-        "autockpt/planner/segmented.py",
+        "autockpt/planner/runtime/segment_runners.py",
         "            preserve_rng_state=True,\n            context_fn=self._contexts,",
         "            preserve_rng_state=False,\n            context_fn=self._contexts,",
         (
@@ -133,7 +133,7 @@ MUTATIONS = (
     Mutation(
         "optimizer-state-halved",
         "one of AdamW's two moments is left out of the tensors a step starts with",
-        "autockpt/planner/memory.py",
+        "autockpt/planner/core/memory_tracker.py",
         "tensors.extend(v for v in state.values() if isinstance(v, torch.Tensor))",
         "tensors.extend([v for v in state.values() if isinstance(v, torch.Tensor)][::2])",
         ("tests/planner/test_memory_oracle.py",),
@@ -157,15 +157,15 @@ MUTATIONS = (
     Mutation(
         "views-counted-as-new",
         "the tracker keys storages by tensor, so every view of a live storage counts again",
-        "autockpt/planner/memory.py",
+        "autockpt/planner/core/memory_tracker.py",
         "        key = id(storage)\n        if key in self._live:",
         "        key = id(tensor)\n        if key in self._live:",
-        ("tests/planner/test_memory.py",),
+        ("tests/planner/core/test_memory_tracker.py",),
     ),
     Mutation(
         "chunk-off-by-one",
         "each chunk of a chunked segment takes the next chunk's samples, the last one twice",
-        "autockpt/planner/segmented.py",
+        "autockpt/planner/runtime/segment_runners.py",
         "parts[chunk] if parts is not None else value",
         "parts[min(chunk + 1, num_chunks - 1)] if parts is not None else value",
         (
@@ -176,7 +176,7 @@ MUTATIONS = (
     Mutation(
         "batchnorm-updated-twice",
         "a recomputed segment's BatchNorm running statistics are not put back after recompute",
-        "autockpt/planner/segmented.py",
+        "autockpt/planner/runtime/segment_runners.py",
         "                buffer.copy_(value)",
         "                pass",
         ("tests/planner/test_plan.py::test_batchnorm_statistics_update_once_under_recompute",),
@@ -237,110 +237,110 @@ MUTATIONS = (
     Mutation(
         "span-rerun-forgets-rng",
         "a span's rerun in backward draws new dropout masks",
-        "autockpt/planner/module_spans.py",
+        "autockpt/planner/runtime/chain_spans.py",
         "                torch.set_rng_state(call.cpu_rng)",
         "                pass",
         (
-            "tests/planner/test_module_spans.py::"
+            "tests/planner/runtime/test_chain_spans.py::"
             "test_a_budget_plan_recomputes_spans_fits_and_keeps_every_gradient_with_dropout_on",
         ),
     ),
     Mutation(
         "spans-never-offered",
         "the module chain's links are recomputed one by one only, never as spans",
-        "autockpt/planner/module_chain.py",
+        "autockpt/planner/trace/module_chain.py",
         "    ordered = sorted(cuts)",
         "    ordered = list(range(count + 1))",
         (
-            "tests/planner/test_module_spans.py::"
+            "tests/planner/runtime/test_chain_spans.py::"
             "test_forced_checkpointing_lowers_the_peak_of_a_chain_of_linears_through_hooks",
         ),
     ),
     Mutation(
         "whole-plan-timing-ignored",
         "the plans that fit are timed whole, but the solver's estimate still picks the plan",
-        "autockpt/planner/planning.py",
+        "autockpt/planner/pipeline.py",
         "                found, timed_extra_s = (timed.decision, timed.profile), timed.extra_s",
         "                timed_extra_s = timed.extra_s",
         (
-            "tests/planner/test_whole_plans.py::"
+            "tests/planner/solve/test_whole_plan_timing.py::"
             "test_the_fastest_plan_timed_whole_is_chosen_and_predicted",
         ),
     ),
     Mutation(
         "whole-plan-slowest",
         "the slowest of the plans timed whole is taken",
-        "autockpt/planner/whole_plans.py",
+        "autockpt/planner/solve/whole_plan_timing.py",
         "    best = min(range(len(each)), key=lambda i: each[i])",
         "    best = max(range(len(each)), key=lambda i: each[i])",
         (
-            "tests/planner/test_whole_plans.py::"
+            "tests/planner/solve/test_whole_plan_timing.py::"
             "test_the_fastest_plan_timed_whole_is_chosen_and_predicted",
         ),
     ),
     Mutation(
         "link-chunks-unchecked",
         "a submodule is chunked on the hook path without checking each sample alone",
-        "autockpt/planner/separable.py",
+        "autockpt/planner/measure/separability.py",
         "    if not _segment_agrees(output_leaves, tuple(leaves), outs, in_dims, dims):",
         "    if False:",
         (
-            "tests/planner/test_module_chunks.py::"
+            "tests/planner/measure/test_chain_chunks.py::"
             "test_the_probe_finds_which_submodules_compute_sample_by_sample",
         ),
     ),
     Mutation(
         "loss-backward-uncounted",
         "the chain model leaves out the loss's backward, made with every kept byte alive",
-        "autockpt/planner/measure.py",
+        "autockpt/planner/measure/fake_step.py",
         '                self.phase_peak["loss"] = max(self.phase_peak["loss"], now)  # on top of S_n',
         "                pass",
         (
-            "tests/planner/test_module_spans.py::"
+            "tests/planner/runtime/test_chain_spans.py::"
             "test_a_budget_only_spans_meet_is_planned_with_the_loss_backward_counted",
         ),
     ),
     Mutation(
         "stage-stop-on-sums",
         "a stage's fit ends the search on the solver's sums, the plan timed whole overruled",
-        "autockpt/planner/planning.py",
+        "autockpt/planner/pipeline.py",
         "                if stage_timed.extra_s <= WIDEN_PAST_SHARE * plain_s:",
         "                if True:",
         (
-            "tests/planner/test_timing.py::"
+            "tests/planner/timing/test_time_model.py::"
             "test_a_fit_whose_sums_say_free_but_timed_whole_is_slow_does_not_end_the_search",
         ),
     ),
     Mutation(
         "plain-step-unsettled",
         "the plain step is timed twice at most, however much faster its second run was",
-        "autockpt/planner/stopwatch.py",
+        "autockpt/planner/timing/stopwatch.py",
         "SETTLED_SHARE, MAX_SETTLING_RUNS = 0.9, 6",
         "SETTLED_SHARE, MAX_SETTLING_RUNS = 0.9, 2",
         (
-            "tests/planner/test_timing.py::"
+            "tests/planner/timing/test_time_model.py::"
             "test_the_plain_step_is_timed_again_until_it_stops_getting_faster",
         ),
     ),
     Mutation(
         "whole-plan-median",
         "whole plans are ranked by their median round, runs slowed by the plan before included",
-        "autockpt/planner/whole_plans.py",
+        "autockpt/planner/solve/whole_plan_timing.py",
         "    fastest = [min(t) for t in times]",
         "    fastest = [sorted(t)[len(t) // 2] for t in times]",
         (
-            "tests/planner/test_whole_plans.py::"
+            "tests/planner/solve/test_whole_plan_timing.py::"
             "test_a_plan_is_judged_by_its_fastest_round_not_by_runs_after_other_plans",
         ),
     ),
     Mutation(
         "selective-keeps-nothing",
         "a selective recompute keeps no op's output: it runs the matrix products again too",
-        "autockpt/planner/selective.py",
+        "autockpt/planner/runtime/selective_recompute.py",
         "    if op in KEPT_OPS:",
         "    if False:",
         (
-            "tests/planner/test_selective.py::"
+            "tests/planner/runtime/test_selective_recompute.py::"
             "test_a_selective_recompute_runs_the_cheap_ops_again_but_not_the_matrix_products",
         ),
     ),
@@ -351,51 +351,51 @@ MUTATIONS = (
         "            selective=segment.selective,",
         "            selective=False,",
         (
-            "tests/planner/test_selective.py::"
+            "tests/planner/runtime/test_selective_recompute.py::"
             "test_a_selective_recompute_runs_the_cheap_ops_again_but_not_the_matrix_products",
         ),
     ),
     Mutation(
         "selective-over-in-place-writes",
         "a segment that writes in place may be recomputed selectively (a stored product changed)",
-        "autockpt/planner/selective.py",
+        "autockpt/planner/runtime/selective_recompute.py",
         "    return isinstance(traced, TracedModel) and not segment.keep_reason",
         "    return isinstance(traced, TracedModel)",
         (
-            "tests/planner/test_selective.py::"
+            "tests/planner/runtime/test_selective_recompute.py::"
             "test_a_segment_that_writes_in_place_is_never_recomputed_selectively",
         ),
     ),
     Mutation(
         "selective-over-written-products",
         "a segment whose stored products are written through a view (nn.GRU) may be selective",
-        "autockpt/planner/selective_segments.py",
+        "autockpt/planner/runtime/selective_safety.py",
         "            self.written.add(self._made_by[id(storage)])",
         "            pass",
         (
-            "tests/planner/test_selective.py::"
+            "tests/planner/runtime/test_selective_recompute.py::"
             "test_a_segment_whose_products_are_written_through_views_is_never_selective",
         ),
     ),
     Mutation(
         "selective-mode-free",
         "a selective recompute's cost leaves out its dispatch modes' per-op overhead",
-        "autockpt/planner/timing.py",
+        "autockpt/planner/timing/time_model.py",
         "            + 2 * s.forward_num_ops * time_model.mode_overhead_s",
         "            + 0.0",
         (
-            "tests/planner/test_selective.py::"
+            "tests/planner/runtime/test_selective_recompute.py::"
             "test_a_costly_dispatch_mode_makes_a_plain_recompute_the_cheaper_one",
         ),
     ),
     Mutation(
         "selective-never-offered",
         "the chain never offers a selective recompute",
-        "autockpt/planner/chain.py",
+        "autockpt/planner/solve/chain_builder.py",
         "            if s_terms is not None and index in self.selective:",
         "            if False:",
         (
-            "tests/planner/test_selective.py::"
+            "tests/planner/runtime/test_selective_recompute.py::"
             "test_the_planner_recomputes_cheap_ops_where_that_fits_and_the_peak_holds",
         ),
     ),

@@ -34,7 +34,7 @@ def source_modules() -> dict[str, Path]:
 def imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
     """The project modules ``path`` imports, resolved to the most specific module named.
 
-    ``from autockpt.planner import plan`` counts as importing ``autockpt.planner.plan`` when
+    ``from autockpt.planner import entry`` counts as importing ``autockpt.planner.entry`` when
     that is a module, else the package ``autockpt.planner``.
     """
     found: set[str] = set()
@@ -59,7 +59,7 @@ def import_graph() -> dict[str, set[str]]:
     for name, edges in graph.items():
         edges.discard(name)
         # A package's __init__ re-exporting its own modules is how a package is read, not a
-        # circle: ``autockpt`` -> ``autockpt.planner.plan`` -> ``autockpt.errors`` is fine.
+        # circle: ``autockpt`` -> ``autockpt.planner.entry`` -> ``autockpt.errors`` is fine.
         graph[name] = {edge for edge in edges if not _is_ancestor_package(edge, name)}
     return graph
 

@@ -23,7 +23,7 @@ from autockpt.cli.parser import comma_list, overrides
 from autockpt.cli.plot import check_plot_available, plot_plan
 from autockpt.cli.report import columns_record, print_columns, print_plan
 from autockpt.errors import ConfigError, InfeasibleBudgetError
-from autockpt.planner.units import format_bytes
+from autockpt.planner.core.units import format_bytes
 
 if TYPE_CHECKING:
     from autockpt.training.config import TrainConfig

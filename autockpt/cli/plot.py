@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from autockpt.errors import ConfigError
 
 if TYPE_CHECKING:
-    from autockpt.planner.plan_model import Plan
+    from autockpt.planner.plan_types import Plan
 
 
 def check_plot_available(path: Path | None) -> None:

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from autockpt.planner.units import format_bytes
+from autockpt.planner.core.units import format_bytes
 
 if TYPE_CHECKING:
-    from autockpt.planner.plan_model import Plan
+    from autockpt.planner.plan_types import Plan
     from tft.column_table import ColumnUse
 
 

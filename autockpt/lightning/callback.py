@@ -47,7 +47,7 @@ from rich.console import Console
 import autockpt
 from autockpt.errors import InfeasibleBudgetError, PlanMismatchError
 from autockpt.lightning.step import InstalledPlan, LightningStep, step_loss
-from autockpt.planner.plan_model import Plan
+from autockpt.planner.plan_types import Plan
 
 __all__ = ["MemoryPlan"]
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import torch
 
 from autockpt.planner.apply import apply
-from autockpt.planner.measure import LossFn, OptimizerSpec, default_loss, make_optimizer
-from autockpt.planner.memory import MemoryTracker, tensors_of
-from autockpt.planner.modes import training_mode
-from autockpt.planner.plan_model import Plan
-from autockpt.planner.step import training_step
+from autockpt.planner.core.memory_tracker import MemoryTracker, tensors_of
+from autockpt.planner.core.train_eval import training_mode
+from autockpt.planner.measure.fake_step import LossFn, OptimizerSpec, default_loss, make_optimizer
+from autockpt.planner.plan_types import Plan
+from autockpt.planner.training_step import training_step
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from autockpt.planner.sharding import Parallelism
+from autockpt.planner.measure.sharding import Parallelism
 from autockpt.training.distributed import World
 from autockpt.training.prepare import Setup
 from autockpt.training.runs import capture_rng_state, restore_rng_state

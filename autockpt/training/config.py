@@ -171,7 +171,7 @@ class TrainConfig(BaseModel):
         # ``auto`` needs the device, so it is read later; everything else is read here so that a
         # typo fails before any data is loaded.
         if value is not None and value.strip().lower() != "auto":
-            from autockpt.planner.units import parse_budget
+            from autockpt.planner.core.units import parse_budget
 
             parse_budget(value)
         return value

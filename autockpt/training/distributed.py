@@ -26,11 +26,11 @@ over NCCL, or the CPU over gloo) and the budget is per rank, as each rank owns o
 
 NOTE [FSDP and the planned model]
 ``--strategy fsdp`` applies FSDP2's ``fully_shard`` to the planned model (:func:`shard`): each
-leaf unit (NOTE [FSDP units] in :mod:`autockpt.planner.sharding`), then the planned root. FSDP swaps a
+leaf unit (NOTE [FSDP units] in :mod:`autockpt.planner.measure.sharding`), then the planned root. FSDP swaps a
 module's parameter entries between the sharded and the gathered tensors, so every view of the
 model must reach parameters through the same module objects. The planned module, its graph and
 each recomputed segment's subgraph resolve every attribute path through the model's own tables
-of modules and parameters (NOTE [The planned module] in :mod:`autockpt.planner.planned_module`),
+of modules and parameters (NOTE [The planned module] in :mod:`autockpt.planner.runtime.planned_graph`),
 so a parameter read inside a recomputed segment is the gathered one (were they copies, recomputed
 segments would read the stale unsharded originals and their gradients would be lost). The
 original model is part of the sharded module afterwards: the trainer
@@ -52,9 +52,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from autockpt.errors import AutockptError, ConfigError
-from autockpt.planner.plan_model import Plan
-from autockpt.planner.planned_module import planned_forward_of
-from autockpt.planner.sharding import Parallelism, fsdp_unit_paths
+from autockpt.planner.measure.sharding import Parallelism, fsdp_unit_paths
+from autockpt.planner.plan_types import Plan
+from autockpt.planner.runtime.planned_graph import planned_forward_of
 from autockpt.training.progress import Record
 from tft.data import Batch
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autockpt.planner.units import format_bytes
+from autockpt.planner.core.units import format_bytes
 from autockpt.training.config import TrainConfig
 
 #: Steps whose tensors (the plan's unplanned peak) take less than this run on one CPU thread.

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 import autockpt
-from autockpt.planner.plan_model import Plan
-from autockpt.planner.sharding import Parallelism
-from autockpt.planner.units import Budget
+from autockpt.planner.core.units import Budget
+from autockpt.planner.measure.sharding import Parallelism
+from autockpt.planner.plan_types import Plan
 from autockpt.training.config import TrainConfig
 from autockpt.training.settings import QuantileLoss
 

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from autockpt.errors import DataError
-from autockpt.planner.plan_model import Plan
-from autockpt.planner.sharding import Parallelism
-from autockpt.planner.units import Budget
+from autockpt.planner.core.units import Budget
+from autockpt.planner.measure.sharding import Parallelism
+from autockpt.planner.plan_types import Plan
 from autockpt.training.config import TrainConfig
 from autockpt.training.distributed import SINGLE_PROCESS, World, agree_on_plan, resolve_parallelism
 from autockpt.training.host_tuning import HostTuning

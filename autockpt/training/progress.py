@@ -26,7 +26,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from autockpt.planner.units import format_bytes
+from autockpt.planner.core.units import format_bytes
 
 Record = Mapping[str, Any]
 

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import autockpt
-from autockpt.planner.plan_model import Plan
-from autockpt.planner.sharding import Parallelism
-from autockpt.planner.units import format_bytes, parse_budget
+from autockpt.planner.core.units import format_bytes, parse_budget
+from autockpt.planner.measure.sharding import Parallelism
+from autockpt.planner.plan_types import Plan
 from autockpt.training.checkpoint import RunState
 from autockpt.training.config import TrainConfig
 from autockpt.training.distributed import World, agree_on_plan, plan_digest, wrap

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from autockpt.errors import DataError, DeviceError
-from autockpt.planner.units import Budget, parse_budget
+from autockpt.planner.core.units import Budget, parse_budget
 from autockpt.training.config import TrainConfig
 from tft.columns import ColumnRoles
 from tft.loss import quantile_loss

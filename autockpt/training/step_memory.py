@@ -1,7 +1,7 @@
 """Measuring a training step's peak memory, the number the trainer holds to the budget.
 
 :class:`StepMemoryMeter` owns which steps are measured and how: tracked tensor bytes on the CPU
-(:class:`~autockpt.planner.memory.MemoryTracker`), the allocator's counters on CUDA. What the
+(:class:`~autockpt.planner.core.memory_tracker.MemoryTracker`), the allocator's counters on CUDA. What the
 trainer does with a reading (re-planning) is in :class:`~autockpt.training.train.Trainer`.
 
 NOTE [Enforcing the budget]
@@ -10,7 +10,7 @@ The plan predicts the peak of one step; the trainer checks it. On CUDA the measu
 CUDA context. The allocator keeps those counters anyway, so every CUDA step is measured.
 
 On the CPU the measure is tracked tensor bytes: the step (forward, backward, clipping, optimizer)
-runs under a :class:`~autockpt.planner.memory.MemoryTracker` that starts from the parameters,
+runs under a :class:`~autockpt.planner.core.memory_tracker.MemoryTracker` that starts from the parameters,
 their gradients, the optimizer state and the batch, as the planner counts them. The tracker is a
 Python dispatch mode that sees every op: it made a tiny TFT step 3.9x slower than a plain loop
 (45 ms against 11.7 ms). Tracked bytes are a function of the plan and the shapes alone (the same
@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
-from autockpt.planner.memory import MemoryTracker, tensors_of
-from autockpt.planner.plan_model import Plan
-from autockpt.planner.sharding import Parallelism
+from autockpt.planner.core.memory_tracker import MemoryTracker, tensors_of
+from autockpt.planner.measure.sharding import Parallelism
+from autockpt.planner.plan_types import Plan
 
 #: Steps measured on the CPU after every plan and after every change of the batch's shapes.
 STEPS_MEASURED_AFTER_CHANGE = 2

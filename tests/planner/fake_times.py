@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from autockpt.planner.module_chain import trace_or_find_modules
-from autockpt.planner.stopwatch import StepTimes, Stopwatch
-from autockpt.planner.trace import TracedModel
+from autockpt.planner.timing.stopwatch import StepTimes, Stopwatch
+from autockpt.planner.trace.fx_graph import TracedModel
+from autockpt.planner.trace.module_chain import trace_or_find_modules
 from tests.helpers import MLPStack
 
 

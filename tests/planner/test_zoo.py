@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import autockpt
-from autockpt.planner.measure import default_loss
+from autockpt.planner.measure.fake_step import default_loss
 from tests.oracle import measured_step
 from tests.zoo import ZOO
 from tests.zoo.case import ZooCase, randomness_off

@@ -20,8 +20,8 @@ import torch
 
 from autockpt.cli import main
 from autockpt.errors import ConfigError
-from autockpt.planner.plan_model import Plan
-from autockpt.planner.step import training_step
+from autockpt.planner.plan_types import Plan
+from autockpt.planner.training_step import training_step
 from autockpt.training.distributed import World, plan_digest, rank_slice, world_from_environment
 from autockpt.training.runs import PLAN_FILE, RunFolder
 from autockpt.training.settings import SAMPLE_DATA

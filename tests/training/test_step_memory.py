@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import autockpt
-from autockpt.planner.memory import MemoryTracker
+from autockpt.planner.core.memory_tracker import MemoryTracker
 from autockpt.training import step_memory
 from autockpt.training.config import TrainConfig
 from autockpt.training.prepare import prepare

@@ -327,17 +327,17 @@ def test_a_run_plans_in_the_process_it_trains_in(
 ) -> None:
     # NOTE [Tuning the host process]: a tiny step trains on one thread, so its plan must be
     # timed on one thread too, not on the two the process started with.
-    from autockpt.planner import planning
-    from autockpt.planner.stopwatch import Stopwatch
+    from autockpt.planner import pipeline
+    from autockpt.planner.timing.stopwatch import Stopwatch
 
     timed_on: list[int] = []
-    original = planning.Stopwatch.plain_step
+    original = pipeline.Stopwatch.plain_step
 
     def record(self: Stopwatch, pieces: int = 1) -> object:
         timed_on.append(self.threads)
         return original(self, pieces)
 
-    monkeypatch.setattr(planning.Stopwatch, "plain_step", record)
+    monkeypatch.setattr(pipeline.Stopwatch, "plain_step", record)
     budget = int(plan_of(plain_run).unplanned_peak_bytes * TIGHT_FRACTION)
     threads = torch.get_num_threads()
     try:

@@ -1,0 +1,310 @@
+"""``plan()``: the planner's entry point, for one process or one rank of several.
+
+It reads the budget, plans the step of one process (:mod:`autockpt.planner.pipeline`, NOTE
+[Planning]) against the budget less one rank's difference (NOTE [Per-rank accounting] in
+:mod:`autockpt.planner.measure.sharding`), and, on CUDA, checks the plan with a real step
+(:mod:`autockpt.planner.verify`), planning again when the step went over.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from autockpt.errors import InfeasibleBudgetError
+from autockpt.planner.core.host_settings import cyclic_gc_paused, one_cpu_thread
+from autockpt.planner.core.train_eval import training_mode
+from autockpt.planner.core.units import Budget, format_bytes, parse_budget
+from autockpt.planner.measure.fake_step import LossFn, OptimizerSpec
+from autockpt.planner.measure.sharding import (
+    Parallelism,
+    RankShare,
+    fsdp_unit_paths,
+    parameter_layouts,
+    rank_share,
+)
+from autockpt.planner.pipeline import device_reserve, plan_one_process
+from autockpt.planner.plan_types import Plan
+from autockpt.planner.trace.module_chain import Tracing
+from autockpt.planner.verify import verify_plan
+
+#: Real steps run to verify a plan before giving up (see ``plan(verify=...)``).
+MAX_VERIFY_ROUNDS = 3
+
+
+def plan(
+    model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    budget: str | int | Budget = "auto",
+    *,
+    loss_fn: LossFn | None = None,
+    example_targets: Sequence[torch.Tensor] = (),
+    optimizer: OptimizerSpec = "adamw",
+    device: torch.device | str | None = None,
+    use_gradient_checkpointing: bool | None = None,
+    allow_micro_batches: bool = True,
+    allow_chunks: bool = True,
+    verify: bool | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    world_size: int = 1,
+    parallelism: Parallelism | None = None,
+    tracing: Tracing = "auto",
+    gradients_live: bool = False,
+) -> Plan:
+    """Plan a training step of ``model`` that fits ``budget`` (NOTE [Planning]).
+
+    The model is left as it was: parameters, gradients, buffers, train/eval mode and the RNG
+    state are unchanged (measurement runs on fake copies).
+
+    Args:
+        model: any ``nn.Module``. One torch.fx cannot trace (or that takes a dict) is planned
+            with module-level segments found with forward hooks, with a warning
+            (NOTE [Module chain]).
+        example_inputs: a tuple of positional inputs at the training batch size (a dict of
+            tensors may be one of them).
+        budget: bytes as an ``int``, or ``"4GB"``, ``"3.5GiB"``, ``"800MB"``, ``"auto"``, or a
+            :class:`~autockpt.planner.core.units.Budget` already read.
+        loss_fn: ``loss_fn(output, *example_targets) -> scalar``; default: the sum of the
+            outputs.
+        example_targets: what the loss compares against, at the training batch size (the
+            training targets). A training loop holds them through the step like the inputs,
+            so they count towards the peak. Needs ``loss_fn``.
+        optimizer: ``"adamw"``, ``"sgd"``, ``None`` or an optimizer instance, to count its state.
+        device: where training will run; default: where the model's parameters are.
+        use_gradient_checkpointing: ``None`` plans automatically, ``True`` recomputes every
+            segment, ``False`` none. Forced modes still report the predicted peak and warn
+            when it exceeds the budget.
+        allow_micro_batches: let the plan split the batch into micro-batches (needs a loss
+            that is a mean or a sum over samples; see ``training_step``).
+        allow_chunks: let the plan run batch-separable segments in chunks. Chunks and
+            micro-batches keep gradients equal with dropout off; with dropout on each piece
+            draws its own masks, so turn both off where bit-for-bit dropout equality with the
+            unplanned model matters (plain recompute keeps it).
+        verify: run one real planned step and compare its peak with the prediction; if it
+            is over the budget, plan again against a budget lowered by the overshoot (up to
+            ``MAX_VERIFY_ROUNDS`` times). Default: on CUDA only (on the CPU the prediction is
+            measured with the very kernels the step runs). Needs the model and inputs on the
+            device.
+        autocast_dtype: the mixed-precision dtype training runs at (``torch.bfloat16``,
+            ``torch.float16``): the step is measured under ``torch.autocast`` with it.
+        world_size: ranks training together, each on its own ``example_inputs`` batch. The
+            budget is per rank, and so are the predicted peak and its breakdown.
+        parallelism: ``"single"``, ``"ddp"`` (every rank holds the whole model) or ``"fsdp"``
+            (FSDP2: parameters, gradients and optimizer state split over the ranks, gathered
+            per unit); default ``"single"`` for one rank, else ``"ddp"``. The planner adds
+            the per-rank difference to the measured step (NOTE [Per-rank accounting]);
+            ``verify`` defaults to off unless ``"single"`` (a check step is one process).
+        tracing: ``"auto"`` traces with torch.fx and falls back to module-level segments
+            found with forward hooks (NOTE [Module chain]); ``"forward-hooks"`` plans
+            module-level segments directly, so that the plan acts on the model's submodules
+            and not on a traced copy of its forward (what a wrapper whose ``forward`` runs
+            someone else's training step needs, e.g. :mod:`autockpt.lightning`).
+        gradients_live: the loop keeps every gradient alive through the forward (it
+            accumulates them over batches, or zeroes them only after the forward): they are
+            counted from the start of the step.
+
+    Returns:
+        The plan: which segments recompute (and in how many chunks), how many micro-batches,
+        the predicted peak and its breakdown.
+
+    Raises:
+        BudgetError: the budget cannot be read.
+        InfeasibleBudgetError: no plan fits (the message gives the minimum and the levers).
+        TraceError: neither torch.fx nor forward hooks find segments in the model.
+
+    Example:
+        >>> plan = autockpt.plan(model, (x,), budget="4GB")
+        >>> model = autockpt.apply(model, plan)
+    """
+    if example_targets and loss_fn is None:
+        raise ValueError(
+            "example_targets were given without a loss_fn to compare them with; pass "
+            "loss_fn=lambda output, *targets: ..."
+        )
+    resolved_device = _resolve_device(model, device)
+    rng_devices = [resolved_device.index or 0] if resolved_device.type == "cuda" else []
+    read = budget if isinstance(budget, Budget) else parse_budget(budget, device=resolved_device)
+    parallelism = parallelism or ("single" if world_size == 1 else "ddp")
+    share = rank_share(
+        parameter_layouts(
+            model,
+            optimizer=optimizer,
+            unit_paths=fsdp_unit_paths(model) if parallelism == "fsdp" else (),
+        ),
+        world_size=world_size,
+        parallelism=parallelism,
+    )
+    if verify is None:
+        verify = resolved_device.type == "cuda" and parallelism == "single"
+    target = read
+    notes: list[str] = []
+    if not model.training:
+        warnings.warn(
+            f"{type(model).__name__} is in eval mode; autockpt.plan measures its training step "
+            "as it trains (after model.train()) and leaves it in eval mode "
+            "(NOTE [Modes and the traced graph])",
+            stacklevel=2,
+        )
+    for _ in range(MAX_VERIFY_ROUNDS):
+        # Calibration and probes draw random numbers; the caller's RNG stream must not move.
+        # The step is measured as it trains, whatever mode the model is in.
+        with (
+            torch.random.fork_rng(devices=rng_devices),
+            cyclic_gc_paused(),
+            one_cpu_thread() as cpu_threads,
+            training_mode(model),
+        ):
+            result = _per_rank(
+                _plan_shifted(
+                    model,
+                    example_inputs,
+                    target,
+                    loss_fn=loss_fn,
+                    example_targets=example_targets,
+                    optimizer=optimizer,
+                    device=resolved_device,
+                    use_gradient_checkpointing=use_gradient_checkpointing,
+                    allow_micro_batches=allow_micro_batches,
+                    allow_chunks=allow_chunks,
+                    autocast_dtype=autocast_dtype,
+                    cpu_threads=cpu_threads,
+                    tracing=tracing,
+                    gradients_live=gradients_live,
+                    share=share,
+                ),
+                share,
+            )
+        result = result.model_copy(
+            update={
+                "budget_bytes": read.bytes,
+                "budget_text": read.text,
+                "budget_reading": read.reading,
+                "fits": result.predicted_peak_bytes <= read.bytes,
+            }
+        )
+        if not verify or use_gradient_checkpointing is not None:
+            return result.model_copy(update={"notes": [*notes, *result.notes]})
+        check = verify_plan(
+            model,
+            result,
+            example_inputs,
+            loss_fn=loss_fn,
+            example_targets=example_targets,
+            optimizer=optimizer,
+        )
+        notes.append(
+            f"verified: a real step peaked at {format_bytes(check.reserved_peak_bytes)}, "
+            f"{format_bytes(check.predicted_peak_bytes)} predicted"
+        )
+        if check.within_budget:
+            return result.model_copy(update={"notes": [*notes, *result.notes]})
+        overshoot = check.reserved_peak_bytes - read.bytes
+        lowered = target.bytes - overshoot
+        notes.append(f"re-planned: the real step was {format_bytes(overshoot)} over the budget")
+        if lowered <= 0:
+            break
+        target = Budget(bytes=lowered, text=read.text, reading=read.reading)
+    raise InfeasibleBudgetError(
+        f"budget {read.text} could not be kept on {resolved_device}: real steps stayed over it "
+        "after re-planning; raise the budget or lower the batch size",
+        budget_bytes=read.bytes,
+        minimum_bytes=read.bytes,
+    )
+
+
+def _plan_shifted(
+    model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    budget: Budget,
+    *,
+    share: RankShare,
+    **options: Any,
+) -> Plan:
+    """:func:`plan_one_process`, against the budget less one rank's difference.
+
+    NOTE [Per-rank accounting] in :mod:`autockpt.planner.measure.sharding`: one rank's tensors are the one
+    process's plus ``share.offset_bytes``, so the step may take the budget less that (and less
+    the allocator's share of it on CUDA). The plan that comes back is the one process's;
+    :func:`_per_rank` turns it into one rank's.
+    """
+    if share.offset_bytes == 0:
+        return plan_one_process(model, example_inputs, budget, **options)
+    offset = _outside_offset(share, options["device"])
+    shifted = Budget(bytes=budget.bytes - offset, text=budget.text, reading=budget.reading)
+    try:
+        if shifted.bytes <= 0:
+            raise InfeasibleBudgetError("", budget_bytes=shifted.bytes, minimum_bytes=1)
+        return plan_one_process(model, example_inputs, shifted, **options)
+    except InfeasibleBudgetError as error:
+        minimum = max(error.minimum_bytes, 0) + offset
+        raise InfeasibleBudgetError(
+            f"budget {budget.text} ({format_bytes(budget.bytes)}) per rank is below the minimum "
+            f"{format_bytes(minimum)} of one of {share.world_size} ranks under "
+            f"{share.parallelism} (states per rank: parameters "
+            f"{format_bytes(share.parameters_bytes)}, gradients "
+            f"{format_bytes(share.gradients_bytes)}, optimizer state "
+            f"{format_bytes(share.optimizer_state_bytes)}); raise the budget to at least "
+            f"{format_bytes(minimum * 1.05)}, lower the batch size"
+            + (" or use more ranks" if share.parallelism == "fsdp" else " or use --strategy fsdp"),
+            budget_bytes=budget.bytes,
+            minimum_bytes=minimum,
+        ) from None
+
+
+def _outside_offset(share: RankShare, device: torch.device) -> int:
+    """``share.offset_bytes`` as the device shows it: plus the allocator's share on CUDA."""
+    _, headroom_fraction = device_reserve(device)
+    return share.offset_bytes + int(share.offset_bytes * headroom_fraction)
+
+
+def _per_rank(result: Plan, share: RankShare) -> Plan:
+    """One process's plan (from :func:`_plan_shifted`) as one rank's: the peaks move by the
+    offset, the breakdown shows the rank's states (NOTE [Per-rank accounting])."""
+    if share.parallelism == "single":
+        return result
+    offset = _outside_offset(share, torch.device(result.device))
+    peak = result.predicted_peak_bytes + offset
+    old = result.breakdown
+    _, headroom_fraction = device_reserve(torch.device(result.device))
+    tensors = peak - old.context_bytes
+    headroom = tensors - int(tensors / (1.0 + headroom_fraction))
+    known = (
+        share.parameters_bytes
+        + share.gradients_bytes
+        + share.optimizer_state_bytes
+        + share.gathered_bytes
+        + old.inputs_bytes
+        + old.activations_bytes
+        + old.context_bytes
+        + headroom
+    )
+    breakdown = old.model_copy(
+        update={
+            "parameters_bytes": share.parameters_bytes,
+            "gradients_bytes": share.gradients_bytes,
+            "optimizer_state_bytes": share.optimizer_state_bytes,
+            "gathered_bytes": share.gathered_bytes,
+            "transient_bytes": max(peak - known, 0),
+            "headroom_bytes": headroom,
+        }
+    )
+    return result.model_copy(
+        update={
+            "predicted_peak_bytes": peak,
+            "unplanned_peak_bytes": result.unplanned_peak_bytes + offset,
+            "minimum_feasible_bytes": result.minimum_feasible_bytes + offset,
+            "breakdown": breakdown,
+            "world_size": share.world_size,
+            "parallelism": share.parallelism,
+        }
+    )
+
+
+def _resolve_device(model: torch.nn.Module, device: torch.device | str | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    parameter = next(model.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")

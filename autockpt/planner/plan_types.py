@@ -1,0 +1,126 @@
+"""The Plan: what the planner decided and predicted, as a saved, reloadable artifact.
+
+A :class:`Plan` is a pydantic model (``extra="forbid"``): ``plan.model_dump_json()`` saves it and
+``Plan.model_validate_json(text)`` reloads it; :func:`autockpt.apply` accepts either.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from autockpt.planner.measure.sharding import Parallelism
+
+Strategy = Literal["auto", "checkpoint-all", "checkpoint-none"]
+Tracing = Literal["fx", "forward-hooks"]
+
+
+class SegmentPlan(BaseModel):
+    """One segment of the chain and what the plan does with it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    """Readable name, from the modules the segment runs in."""
+    nodes: list[str]
+    """The fx nodes it covers, in order."""
+    modules: list[str]
+    """The module paths its nodes run in."""
+    inputs: list[str]
+    """The nodes whose values it reads from earlier segments."""
+    outputs: list[str]
+    """Its nodes whose values later segments read."""
+    saved_bytes: int
+    """Bytes it keeps alive for backward when kept (at the planned micro-batch size)."""
+    boundary_bytes: int
+    """Bytes it keeps alive when recomputed: its inputs and outputs."""
+    recompute_s: float
+    """Seconds recomputing it adds to a step (in its chunks, if any), timed on the real model
+    where the planner could (NOTE [Timed options]); negative when that was measured faster
+    than keeping it. For a kept segment, what a plain recompute would add."""
+    recomputed: bool
+    """Whether its interior is dropped after forward and rebuilt in backward."""
+    num_chunks: int = 1
+    """Pieces along the batch it runs in (only when recomputed)."""
+    input_batch_dims: list[int | None] = []
+    """Per input, the dimension split into chunks (None: passed whole to every chunk)."""
+    output_batch_dims: list[int] = []
+    """Per output, the dimension the chunks are joined along."""
+    selective: bool = False
+    """Whether only its cheap ops are recomputed, the outputs of its matrix products,
+    convolutions and attention kept from forward (NOTE [Selective recompute])."""
+    reason: str = ""
+    """Why the planner chose this option."""
+
+
+class PeakBreakdown(BaseModel):
+    """What the predicted peak is made of, in bytes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    inputs_bytes: int
+    """The batch: inputs and, when given, the targets."""
+    activations_bytes: int
+    """Live at the end of forward, beyond the above: what backward will need."""
+    transient_bytes: int
+    """The rest of the peak: workspaces, recomputed interiors, gradients in flight."""
+    context_bytes: int
+    """CUDA context (0 on the CPU)."""
+    headroom_bytes: int
+    """Budget kept back for the allocator's slack (0 on the CPU)."""
+    gathered_bytes: int = 0
+    """FSDP: parameters (and gradients) gathered whole while their unit runs; see
+    NOTE [Per-rank accounting]. The other parts are one rank's (its shards under FSDP)."""
+
+
+class Plan(BaseModel):
+    """What to recompute, how to split the batch, and the predicted peak: the planner's answer.
+
+    Save with ``plan.model_dump_json()``, reload with ``Plan.model_validate_json(text)``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    budget_bytes: int
+    budget_text: str
+    budget_reading: str
+    device: str
+    strategy: Strategy
+    batch_size: int
+    num_micro_batches: int = 1
+    """Pieces the batch is split into, with gradients accumulated (see ``training_step``)."""
+    segments: list[SegmentPlan]
+    predicted_peak_bytes: int
+    """Measured peak of the planned step on fake tensors, plus context and headroom."""
+    breakdown: PeakBreakdown
+    unplanned_peak_bytes: int
+    """The same for the step with nothing recomputed, in one piece."""
+    minimum_feasible_bytes: int
+    """The smallest budget the options examined meet, by the planner's model (an estimate).
+    Chunks and micro-batches are only examined when plain recompute cannot fit, so above that
+    this is the minimum of plain recompute; an infeasible budget examines everything."""
+    predicted_extra_s: float
+    """Seconds the plan adds to a step (negative: it saves time); see ``notes`` for whether
+    they were timed on the real model or estimated (NOTE [Time model]), and whether the plan
+    was timed whole against the plain step (NOTE [Whole-plan timing])."""
+    unplanned_step_s: float
+    """Seconds of a plain step: forward, backward and, where timed, the optimizer step."""
+    fits: bool
+    planning_s: float
+    notes: list[str] = []
+    tracing: Tracing = "fx"
+    """How the segments were found: ``"fx"``, runs of traced graph nodes; ``"forward-hooks"``,
+    whole submodules (``SegmentPlan.modules`` holds each one's path; NOTE [Module chain])."""
+    world_size: int = 1
+    """Ranks training together; the budget, the peak and the breakdown are one rank's."""
+    parallelism: Parallelism = "single"
+    """How the ranks share the work: ``single``, ``ddp`` or ``fsdp`` (NOTE [Per-rank accounting])."""
+
+    @property
+    def num_recomputed(self) -> int:
+        """How many segments are recomputed."""
+        return sum(segment.recomputed for segment in self.segments)

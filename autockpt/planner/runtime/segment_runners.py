@@ -1,0 +1,352 @@
+"""Rebuilding a traced graph so that chosen segments recompute in backward.
+
+NOTE [Segment runners]
+The planned module is the traced graph with each recomputed segment's nodes replaced by one
+call to a *runner*. A runner is a plain callable, not an ``nn.Module``, so the planned module's
+``state_dict()`` keys stay those of the original model (the segment's parameters are reached
+through the shared root, not registered twice). A runner calls
+``torch.utils.checkpoint.checkpoint(..., use_reentrant=False, preserve_rng_state=True)``:
+non-reentrant because the reentrant variant drops gradients of tensors passed inside tuples
+(an LSTM's ``(h, c)``), and with the RNG state preserved so dropout draws the same masks when
+the segment is recomputed. Modules that update buffers in forward (BatchNorm's running
+statistics) would update them a second time during the recompute; the runner's recompute
+context puts those buffers back as they were, so a planned step changes the model's state
+exactly as a plain step does.
+
+A runner with ``num_chunks > 1`` splits its batch-carrying inputs into that many pieces (each
+along the dimension that carries the batch: dim 0 for ``(B, T, H)``, dim 1 for a
+variable-major ``(V, B * T, E)``), checkpoints each piece separately and concatenates the
+outputs along theirs: in backward only one piece's interior is rebuilt at a time. That is only correct for a segment where no operation
+mixes samples, which :mod:`autockpt.planner.measure.separability` establishes before the planner may choose it.
+
+NOTE [Segment runners under torch.compile]
+Dynamo turns a ``checkpoint`` call into a region whose operations the partitioner recomputes
+in backward, and takes a ``context_fn`` there as a selective-checkpointing policy (it calls
+the plain function behind a bound method without its ``self``: the ``TypeError`` a compiled
+plan used to raise). While compiling the runner passes none (a segment recomputed
+selectively passes torch's selective policy alone, NOTE [Selective recompute]): recompute in a
+compiled graph replays no buffer update (AOTAutograd applies the forward's mutations once), so
+there is nothing to put back; the eager contexts are what eager runs need. (The debugging backend
+``"eager"`` skips AOTAutograd: there a checkpointed BatchNorm in training mode fails, as it does
+under ``torch.utils.checkpoint`` without autockpt.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.fx as fx
+from torch.utils.checkpoint import checkpoint
+
+from autockpt.planner.core.memory_tracker import flat_tensors
+from autockpt.planner.runtime.selective_recompute import COMPILED_CONTEXT_FN, selective_contexts
+from autockpt.planner.trace.fx_graph import COMPUTE_OPS, Segment
+
+
+@dataclass(frozen=True)
+class SegmentAction:
+    """What to do with one segment in the planned module.
+
+    Attributes:
+        recompute: drop its interior after forward and rebuild it in backward.
+        num_chunks: run it in this many pieces along the batch (only with ``recompute``).
+        input_batch_dims: for each of the segment's inputs, the dimension that carries the
+            batch (split into pieces), or ``None`` (passed whole to every piece).
+        output_batch_dims: for each output, the dimension the pieces are joined along.
+        selective: recompute only its cheap ops, the outputs of its matrix products kept
+            (NOTE [Selective recompute]; only with ``recompute``, in one piece).
+    """
+
+    recompute: bool = False
+    num_chunks: int = 1
+    input_batch_dims: tuple[int | None, ...] = ()
+    output_batch_dims: tuple[int, ...] = ()
+    selective: bool = False
+
+
+KEEP = SegmentAction()
+
+
+class SegmentObserver(Protocol):
+    """Receives the start and end of every segment's forward (the planner's measurements)."""
+
+    def segment_started(self, index: int) -> None: ...
+
+    def segment_finished(self, index: int, inputs: tuple[Any, ...], outputs: Any) -> None: ...
+
+
+class SegmentRunner:
+    """Runs one segment's subgraph, recomputed and chunked as planned (NOTE [Segment runners])."""
+
+    def __init__(
+        self,
+        index: int,
+        module: Callable[..., Any],
+        action: SegmentAction,
+        stateful_modules: Sequence[torch.nn.Module],
+        observer: SegmentObserver | None,
+    ) -> None:
+        self.index = index
+        self.module = module
+        self.action = action
+        self.stateful_modules = tuple(stateful_modules)
+        self.observer = observer
+        # fx's code generator names call targets by these.
+        self.__name__ = f"segment_{index}"
+        self.__module__ = __name__
+
+    def __call__(self, *inputs: Any) -> Any:
+        if self.observer is not None:
+            self.observer.segment_started(self.index)
+        if not self.action.recompute:
+            outputs = self.module(*inputs)
+        elif self.action.num_chunks <= 1:
+            outputs = self._checkpointed(*inputs)
+        else:
+            outputs = self._chunked(inputs)
+        if self.observer is not None:
+            self.observer.segment_finished(self.index, inputs, outputs)
+        return outputs
+
+    def _checkpointed(self, *inputs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            # NOTE [Segment runners under torch.compile]
+            if self.action.selective:
+                return checkpoint(
+                    self.module,
+                    *inputs,
+                    use_reentrant=False,
+                    preserve_rng_state=True,
+                    context_fn=COMPILED_CONTEXT_FN,
+                )
+            return checkpoint(self.module, *inputs, use_reentrant=False, preserve_rng_state=True)
+        return checkpoint(
+            self.module,
+            *inputs,
+            use_reentrant=False,
+            preserve_rng_state=True,
+            context_fn=self._contexts,
+        )
+
+    def _chunked(self, inputs: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
+        num_chunks = self.action.num_chunks
+        split = [
+            torch.tensor_split(value, num_chunks, dim=dim) if dim is not None else None
+            for value, dim in zip(inputs, self.action.input_batch_dims, strict=True)
+        ]
+        pieces = []
+        for chunk in range(num_chunks):
+            chunk_inputs = [
+                parts[chunk] if parts is not None else value
+                for value, parts in zip(inputs, split, strict=True)
+            ]
+            pieces.append(self._checkpointed(*chunk_inputs))
+        return tuple(
+            torch.cat(list(parts), dim=dim)
+            for parts, dim in zip(
+                zip(*pieces, strict=True), self.action.output_batch_dims, strict=True
+            )
+        )
+
+    def _contexts(self) -> tuple[contextlib.AbstractContextManager[None], Any]:
+        if self.action.selective:
+            return selective_contexts(lambda: buffers_restored(self.stateful_modules))
+        return contextlib.nullcontext(), buffers_restored(self.stateful_modules)
+
+
+@contextlib.contextmanager
+def buffers_restored(modules: Sequence[torch.nn.Module]) -> Iterator[None]:
+    """Put the buffers of ``modules`` back as they were on exit (recompute must not update them)."""
+    saved = [
+        (buffer, buffer.detach().clone())
+        for module in modules
+        for buffer in module.buffers(recurse=False)
+    ]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+
+
+def build_segmented_module(
+    graph_module: fx.GraphModule,
+    segments: Sequence[Segment],
+    actions: Sequence[SegmentAction],
+    *,
+    observer: SegmentObserver | None = None,
+) -> fx.GraphModule:
+    """The traced graph with each recomputed segment replaced by a runner call.
+
+    Args:
+        graph_module: the traced model (its root holds the parameters).
+        segments: the chain, covering every compute node in order.
+        actions: one per segment.
+        observer: when given, every segment (kept ones too) runs through a runner that reports
+            to it; the planner uses this to measure.
+
+    Returns:
+        A module with the traced model's call signature, sharing its parameters.
+    """
+    assert len(segments) == len(actions), "one action per segment"
+    source = graph_module.graph
+    nodes_by_name = {node.name: node for node in source.nodes}
+    segment_of: dict[str, int] = {
+        name: segment.index for segment in segments for name in segment.node_names
+    }
+    graph = fx.Graph()
+    # The code generator rebuilds the model's output types (NOTE [Output structure]); fx
+    # offers no public getter for it.
+    graph.set_codegen(source._codegen)
+    env: dict[str, fx.Node] = {}
+
+    def lookup(node: fx.Node) -> fx.Node:
+        if node.name not in env:
+            # get_attr nodes are copied where first needed.
+            env[node.name] = graph.node_copy(node, lookup)
+        return env[node.name]
+
+    emitted: set[int] = set()
+    for node in source.nodes:
+        if node.op == "placeholder":
+            env[node.name] = graph.node_copy(node, lookup)
+        elif node.op == "output":
+            graph.node_copy(node, lookup)
+        elif node.op in COMPUTE_OPS:
+            index = segment_of[node.name]
+            action = actions[index]
+            if not action.recompute and observer is None:
+                env[node.name] = graph.node_copy(node, lookup)
+            elif index not in emitted:
+                emitted.add(index)
+                segment = segments[index]
+                runner = SegmentRunner(
+                    index,
+                    _segment_module(graph_module, segment, nodes_by_name),
+                    action,
+                    _stateful_modules(graph_module, segment, nodes_by_name),
+                    observer,
+                )
+                call = graph.call_function(
+                    runner, tuple(lookup(nodes_by_name[name]) for name in segment.input_names)
+                )
+                for position, name in enumerate(segment.output_names):
+                    env[name] = graph.call_function(operator.getitem, (call, position))
+    planned = fx.GraphModule(graph_module, graph, class_name=type(graph_module).__name__)
+    return planned
+
+
+def _segment_module(
+    graph_module: fx.GraphModule, segment: Segment, nodes_by_name: dict[str, fx.Node]
+) -> fx.GraphModule:
+    graph = fx.Graph()
+    env: dict[str, fx.Node] = {}
+    for name in segment.input_names:
+        env[name] = graph.placeholder(name)
+
+    def lookup(node: fx.Node) -> fx.Node:
+        if node.name not in env:
+            assert node.op == "get_attr", f"{node.name} is read before it is computed"
+            env[node.name] = graph.node_copy(node, lookup)
+        return env[node.name]
+
+    for name in segment.node_names:
+        env[name] = graph.node_copy(nodes_by_name[name], lookup)
+    graph.output(tuple(env[name] for name in segment.output_names))
+    return fx.GraphModule(graph_module, graph, class_name=f"Segment{segment.index}")
+
+
+def _stateful_modules(
+    graph_module: fx.GraphModule, segment: Segment, nodes_by_name: dict[str, fx.Node]
+) -> list[torch.nn.Module]:
+    """Modules whose buffers the segment may write in forward: those it calls (and their
+    children: a module kept whole may hold BatchNorm) and those whose buffers it reads
+    (``F.batch_norm(x, self.running_mean, ...)`` written out, NOTE [In-place writes])."""
+    modules: dict[int, torch.nn.Module] = {}
+    for name in segment.node_names:
+        node = nodes_by_name[name]
+        if node.op == "call_module":
+            for module in graph_module.get_submodule(str(node.target)).modules():
+                if any(True for _ in module.buffers(recurse=False)):
+                    modules[id(module)] = module
+        for arg in node.all_input_nodes:
+            owner_path, _, attribute = str(arg.target).rpartition(".")
+            owner = graph_module.get_submodule(owner_path) if arg.op == "get_attr" else None
+            if owner is not None and attribute in owner._buffers:
+                modules[id(owner)] = owner
+    return list(modules.values())
+
+
+def adopt_state_of(planned: torch.nn.Module, original: torch.nn.Module) -> None:
+    """Give ``planned`` exactly ``original``'s ``state_dict()`` keys, sharing the tensors.
+
+    The traced module only holds the attributes its forward reads; a parameter the forward
+    never uses would otherwise be missing, and fx registers every buffer as persistent.
+    """
+    expected = original.state_dict(keep_vars=True)
+    present = planned.state_dict(keep_vars=True)
+    for name, tensor in expected.items():
+        if name not in present:
+            owner_path, _, attribute = name.rpartition(".")
+            owner = _ensure_module_path(planned, owner_path)
+            if isinstance(tensor, torch.nn.Parameter):
+                owner.register_parameter(attribute, tensor)
+            else:
+                owner.register_buffer(attribute, tensor)
+    for name in set(present) - set(expected):
+        owner_path, _, attribute = name.rpartition(".")
+        owner = planned.get_submodule(owner_path)
+        if attribute in owner._buffers:
+            owner._non_persistent_buffers_set.add(attribute)
+    # fx registers attributes in the order the graph first uses them; put them back in the
+    # original's order so state_dict() lists the keys the same way.
+    for path, module in original.named_modules(remove_duplicate=False):
+        try:
+            counterpart = planned.get_submodule(path)
+        except AttributeError:
+            continue
+        for table in ("_modules", "_parameters", "_buffers"):
+            ours: dict[str, object] = getattr(counterpart, table)
+            theirs: dict[str, object] = getattr(module, table)
+            order = [key for key in theirs if key in ours]
+            order += [key for key in ours if key not in theirs]
+            reordered = {key: ours[key] for key in order}
+            ours.clear()
+            ours.update(reordered)
+
+
+def _ensure_module_path(root: torch.nn.Module, path: str) -> torch.nn.Module:
+    module = root
+    for part in path.split(".") if path else []:
+        if not hasattr(module, part):
+            module.add_module(part, torch.nn.Module())
+        module = getattr(module, part)
+    return module
+
+
+def collect_segment_grad_fns(
+    inputs: Sequence[Any], outputs: Any, visit: Callable[[Any], None]
+) -> None:
+    """Call ``visit`` on every autograd node between a segment's outputs and its inputs."""
+    stop = {
+        value.grad_fn
+        for value in inputs
+        if isinstance(value, torch.Tensor) and value.grad_fn is not None
+    }
+    pending: list[Any] = [t.grad_fn for t in flat_tensors(outputs) if t.grad_fn is not None]
+    seen: set[int] = set()
+    while pending:
+        grad_fn = pending.pop()
+        if grad_fn is None or id(grad_fn) in seen or grad_fn in stop:
+            continue
+        seen.add(id(grad_fn))
+        if type(grad_fn).__name__ == "AccumulateGrad":
+            continue
+        visit(grad_fn)
+        pending.extend(next_fn for next_fn, _ in grad_fn.next_functions)

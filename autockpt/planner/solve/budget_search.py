@@ -1,0 +1,191 @@
+"""The budget search: the solver run over every micro-batch count the profiles allow.
+
+:class:`BudgetSearch` holds the profiles measured so far (NOTE [Planning] in
+:mod:`autockpt.planner.pipeline`), solves each chain exactly (:mod:`autockpt.planner.solve.chain_solver`),
+measures the cheapest decision on fake tensors and re-solves when the chain model was optimistic.
+When nothing fits it builds the :class:`~autockpt.errors.InfeasibleBudgetError`
+(NOTE [Refusal] in :mod:`autockpt.planner.solve.refusal`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from autockpt.errors import InfeasibleBudgetError
+from autockpt.planner.core.units import Budget
+from autockpt.planner.measure.fake_step import StepProfile
+from autockpt.planner.measure.separability import Separability
+from autockpt.planner.solve.chain_builder import ChainBuilder, Decision, Profiles
+from autockpt.planner.solve.chain_solver import Chain, Solution, minimum_peak, solve
+from autockpt.planner.solve.chain_terms import micro_batch_counts
+from autockpt.planner.solve.refusal import infeasible_error
+
+#: Rounds of re-solving when the measured plan exceeds the budget (NOTE [Planning], step 4).
+MAX_REPLANS = 4
+#: Most rounds of "solve, time what the choice rests on, solve again" (NOTE [Timed options]):
+#: each round times something new and there is only so much to time, but a bound keeps a
+#: cost source that keeps reporting new timings from looping.
+MAX_TIMING_ROUNDS = 16
+
+
+class BudgetSearch:
+    """The solver over every micro-batch count the profiles so far allow."""
+
+    def __init__(
+        self,
+        builder: ChainBuilder,
+        whole: Profiles,
+        batch_size: int,
+        measure: Callable[[Decision], StepProfile],
+    ) -> None:
+        self.builder = builder
+        self.whole = whole
+        self.half: Profiles | None = None
+        self.separability: Separability | None = None
+        self.batch_size = batch_size
+        self._measure = measure
+        self._measured: dict[tuple[Any, ...], StepProfile] = {}
+        self.lowest_measured_bytes: int | None = None
+        self.lowest_measured: tuple[Decision, StepProfile] | None = None
+        #: Measures a decision at half the batch, for the refusal's per-sample part
+        #: (NOTE [Refusal]); None when the caller gives no way to.
+        self.measure_half: Callable[[Decision], StepProfile | None] | None = None
+
+    def measure(self, decision: Decision) -> StepProfile:
+        """The decision's step measured on fake tensors (once per distinct decision)."""
+        key = _key(decision)
+        if key not in self._measured:
+            self._measured[key] = self._measure(decision)
+        return self._measured[key]
+
+    def chains(self) -> list[tuple[int, Chain]]:
+        counts = micro_batch_counts(self.batch_size, self.half is not None)
+        return [
+            (count, self.builder.chain(self.whole, self.half, count, self.separability))
+            for count in counts
+        ]
+
+    def cheapest(self, budget_bytes: int) -> Decision | None:
+        """The least extra time over micro-batch counts, or None when nothing fits. The costs
+        the choice rests on are timed first, and the choice made again (NOTE [Timed options])."""
+        for timing_round in range(MAX_TIMING_ROUNDS):
+            ranked = self._ranked_solutions(budget_bytes)
+            if not ranked:
+                return None
+            _, count, chain, solution = ranked[0]
+            last_round = timing_round == MAX_TIMING_ROUNDS - 1
+            if last_round or not self.builder.time_choice(chain, solution, count):
+                return self.builder.decode(chain, solution, self.separability, count)
+        raise AssertionError("unreachable: the last round returns")
+
+    def fit(self, usable_bytes: int, notes: list[str]) -> tuple[Decision, StepProfile] | None:
+        """The cheapest decision whose measured step fits, with that measurement
+        (NOTE [Planning], step 4), or None when none of the options so far fits."""
+        decision = self.cheapest(usable_bytes)
+        if decision is None:
+            return None
+        final = self.measure(decision)
+        target = usable_bytes
+        for _ in range(MAX_REPLANS):
+            if final.peak_bytes <= usable_bytes:
+                return decision, final
+            # The chain model was optimistic: aim lower by what the measurement showed.
+            target -= final.peak_bytes - usable_bytes
+            retry = self.cheapest(target)
+            if retry is None:
+                break
+            decision, final = retry, self.measure(retry)
+            notes.append("re-planned: the measured plan was over the budget")
+        if final.peak_bytes <= usable_bytes:
+            return decision, final
+        return self.lowest_peak_fit(usable_bytes, notes)
+
+    def fitting_alternatives(
+        self, usable_bytes: int, chosen: tuple[Decision, StepProfile], limit: int
+    ) -> list[tuple[Decision, StepProfile]]:
+        """``chosen`` and the cheapest solution at each other micro-batch count, by the
+        estimate, whose measured step fits: up to ``limit`` plans (NOTE [Whole-plan timing])."""
+        found = [chosen]
+        seen = {_key(chosen[0])}
+        for _, count, chain, solution in self._ranked_solutions(usable_bytes):
+            decision = self.builder.decode(chain, solution, self.separability, count)
+            if len(found) >= limit or _key(decision) in seen:
+                continue
+            seen.add(_key(decision))
+            profile = self.measure(decision)
+            if profile.peak_bytes <= usable_bytes:
+                found.append((decision, profile))
+        return found
+
+    def _ranked_solutions(self, budget_bytes: int) -> list[tuple[float, int, Chain, Solution]]:
+        """The solver's choice at each micro-batch count where one fits, cheapest first, each
+        with its extra seconds (the micro-batches' included)."""
+        ranked = []
+        for count, chain in self.chains():
+            solution = solve(chain, budget_bytes)
+            if solution is not None:
+                total = solution.extra_s + self.builder.micro_batch_s(count)
+                ranked.append((total, count, chain, solution))
+        return sorted(ranked, key=lambda r: r[0])
+
+    def lowest_peak_fit(
+        self, usable_bytes: int, notes: list[str]
+    ) -> tuple[Decision, StepProfile] | None:
+        """Last resort: the lowest-peak choice at each micro-batch count, measured; the first
+        that fits. Also records the lowest measured peak, a budget planning is sure to meet:
+        the chain model's own minimum can be optimistic, or pessimistic. The plain step is a
+        candidate too: where recompute and chunks add more than they save (parameters dominate,
+        in-place writes forbid the cuts that would help), nothing lower exists."""
+        for lowest in [self.builder.kept_decision(), *self.lowest_peak_decisions()]:
+            candidate = self.measure(lowest)
+            if (
+                self.lowest_measured_bytes is None
+                or candidate.peak_bytes < self.lowest_measured_bytes
+            ):
+                self.lowest_measured_bytes = candidate.peak_bytes
+                self.lowest_measured = (lowest, candidate)
+            if candidate.peak_bytes <= usable_bytes:
+                notes.append("took the lowest-peak plan: the cheaper ones measured over")
+                return lowest, candidate
+        return None
+
+    def lowest_peak_decisions(self) -> list[Decision]:
+        return [
+            self.builder.decode(chain, minimum_peak(chain), self.separability, count)
+            for count, chain in self.chains()
+        ]
+
+    def minimum_peak_bytes(self) -> int:
+        return min(minimum_peak(chain).peak_bytes for _, chain in self.chains())
+
+    def infeasible(self, budget: Budget, outside: Callable[[int], int]) -> InfeasibleBudgetError:
+        """The error for a budget below every plan, with the minimum, what bounds it and the
+        levers that work (after :meth:`lowest_peak_fit` found nothing, so the minimum is a
+        measured one; NOTE [Refusal])."""
+        lowest = self.lowest_measured_bytes
+        minimum = outside(lowest if lowest is not None else self.minimum_peak_bytes())
+        # Rounded up to whole KiB: a real step can hold a few bytes of scalars more than the
+        # measured one (4 to 8 bytes seen with micro-batches), which must not tip it over.
+        minimum = -(-minimum // 1024) * 1024
+        kept = self.whole.kept
+        half = None
+        if self.lowest_measured is not None and self.measure_half is not None:
+            measured = self.measure_half(self.lowest_measured[0])
+            half = outside(measured.peak_bytes) if measured is not None else None
+        return infeasible_error(
+            budget=budget,
+            minimum_bytes=minimum,
+            # Parameters, their gradients and the optimizer state do not shrink with the batch.
+            fixed_bytes=outside(2 * kept.parameter_bytes + kept.optimizer_state_bytes),
+            batch_size=self.batch_size,
+            separability=self.separability,
+            micro_batches_tried=self.half is not None,
+            lowest=self.lowest_measured,
+            half_minimum_bytes=half,
+        )
+
+
+def _key(decision: Decision) -> tuple[Any, ...]:
+    """What tells two decisions apart."""
+    return (decision.num_micro_batches, tuple(decision.spans), tuple(decision.reasons))

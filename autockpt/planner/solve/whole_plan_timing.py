@@ -1,0 +1,152 @@
+"""The plans that fit, timed whole on the real model, side by side: the fastest is the plan.
+
+NOTE [Whole-plan timing]
+The solver adds up per-option costs: each segment's recompute, each region's pieces, the
+micro-batches' overhead (NOTE [Timed options]). On a small step those sums miss what only a
+whole step shows: a checkpoint's fixed cost, the loss and optimizer bookkeeping of every
+micro-batch, caches warmed or not by the step around a piece. On the zoo's 10 ms steps the plan
+chosen that way took 1.57x where four micro-batches took 1.46x, and an LSTM's 5.61x where they
+took 1.83x. So where the planner times the real model (the CPU, a model torch.fx traced,
+NOTE [Measured step time]), the final choice is made by timing:
+
+- *Candidates.* The cheapest solution at each micro-batch count (the solver's choice is one
+  of them), the ``MAX_CANDIDATES`` cheapest by the estimate, each measured on fake tensors and
+  kept only if that measurement fits the budget. With fewer than two there is nothing to
+  compare.
+- *Timing.* The plain step and every candidate run forward, loss and backward on the real
+  model, the micro-batches of a candidate each with its backward, one after the other in
+  rounds, so that a noisy moment slows every plan of its round alike; the order rotates every
+  round, so that none always follows the same other one (the allocator and the caches hold
+  what the run before left). Gradients come from
+  ``torch.autograd.grad`` (no ``.grad`` is written) and buffers are put back after each run.
+  At least ``MIN_ROUNDS`` rounds, more while the rounds so far took under ``ROUNDS_S``
+  seconds, at most ``MAX_ROUNDS``.
+- *Choice.* The candidate with the lowest fastest time (of its rounds); its predicted extra
+  time is that less the plain step's fastest, from the same rounds. The fastest, not the
+  median: a plan's run right after another's can pay for what that one left, which a training
+  run, repeating one plan, does not (on a VM where mapping a page is slow, `tft-225`'s plain
+  step took 1.6-3.4 s alternating with a chunked plan, 1.7-1.8 s settled), and the noise of a
+  busy host only ever adds time. The plan's notes list every candidate's ratio to the plain
+  step.
+
+The optimizer step is the same for every plan and is not timed here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from autockpt.planner.core.batch_split import split_batch
+from autockpt.planner.measure.fake_step import StepProfile
+from autockpt.planner.runtime.segment_runners import build_segmented_module
+from autockpt.planner.solve.chain_builder import Decision
+from autockpt.planner.timing.stopwatch import Stopwatch
+
+#: Plans timed whole at most (NOTE [Whole-plan timing]).
+MAX_CANDIDATES = 3
+#: Rounds of timing: at least, at most, and the seconds after which no more are started.
+MIN_ROUNDS, MAX_ROUNDS, ROUNDS_S = 3, 7, 1.0
+
+
+@dataclass(frozen=True)
+class TimedChoice:
+    """The fastest candidate and what the timing found.
+
+    Attributes:
+        decision / profile: the chosen plan and its fake-tensor measurement.
+        extra_s: its fastest step time less the plain step's, from the same rounds.
+        note: one sentence for the plan's notes.
+    """
+
+    decision: Decision
+    profile: StepProfile
+    extra_s: float
+    note: str
+
+
+class StepRunner:
+    """Runs whole steps of plans on the real model, with what the stopwatch already holds:
+    the traced model, the caller's batch and loss, training's threads and autocast."""
+
+    def __init__(self, stopwatch: Stopwatch) -> None:
+        self.stopwatch = stopwatch
+
+    def seconds(self, decision: Decision | None) -> Callable[[], float]:
+        """A function timing one forward, loss and backward of ``decision`` (``None``: the
+        plain step) on the real model."""
+        watch = self.stopwatch
+        module = watch.traced.graph_module
+        if decision is not None:
+            module = build_segmented_module(module, decision.segments, decision.actions)
+        pieces = decision.num_micro_batches if decision is not None else 1
+        inputs = split_batch(watch.inputs, pieces, batch_size=watch.batch_size)
+        targets = split_batch(watch.targets, pieces, batch_size=watch.batch_size)
+
+        def run() -> float:
+            started = time.perf_counter()
+            for piece_inputs, piece_targets in zip(inputs, targets, strict=True):
+                with watch.autocast():
+                    loss = watch.loss_fn(module(*piece_inputs), *piece_targets)
+                if pieces > 1:
+                    loss = loss * (1.0 / pieces)
+                if loss.requires_grad and watch.parameters:
+                    torch.autograd.grad(loss, watch.parameters, allow_unused=True)
+                del loss
+            return time.perf_counter() - started
+
+        return run
+
+
+def fastest_of(
+    candidates: Sequence[tuple[Decision, StepProfile]], runner: StepRunner, plain_s: float
+) -> TimedChoice:
+    """Time the plain step and every candidate in rounds; the fastest (NOTE [Whole-plan timing]).
+
+    Args:
+        candidates: plans that fit, each with its fake-tensor measurement (one is timed
+            against the plain step alone).
+        runner: runs steps on the real model.
+        plain_s: the plain step's time as the planner knows it (with the optimizer), to print
+            each candidate's ratio against.
+    """
+    runs = [runner.seconds(None), *(runner.seconds(d) for d, _ in candidates)]
+    times: list[list[float]] = [[] for _ in runs]
+    started = time.perf_counter()
+    rounds = 0
+    while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - started < ROUNDS_S):
+        # The order rotates every round: no plan always runs right after the same other one.
+        for index in [*range(rounds % len(runs), len(runs)), *range(rounds % len(runs))]:
+            with runner.stopwatch.isolated():
+                times[index].append(runs[index]())
+        rounds += 1
+    fastest = [min(t) for t in times]
+    plain, each = fastest[0], fastest[1:]
+    best = min(range(len(each)), key=lambda i: each[i])
+    decision, profile = candidates[best]
+    reference = max(plain_s, 1e-9)
+    described = ", ".join(
+        f"{_describe(d)} {1.0 + (t - plain) / reference:.2f}x"
+        for (d, _), t in zip(candidates, each, strict=True)
+    )
+    note = (
+        f"timed {len(candidates)} plans that fit whole against the plain step "
+        f"({rounds} rounds): {described}; took the fastest"
+        if len(candidates) > 1
+        else f"timed the plan whole against the plain step ({rounds} rounds): {described}"
+    )
+    return TimedChoice(decision, profile, each[best] - plain, note)
+
+
+def _describe(decision: Decision) -> str:
+    recomputed = sum(a.recompute for a in decision.actions)
+    chunks = max((a.num_chunks for a in decision.actions), default=1)
+    parts = [f"{recomputed} recomputed"]
+    if chunks > 1:
+        parts.append(f"chunks up to {chunks}")
+    if decision.num_micro_batches > 1:
+        parts.append(f"{decision.num_micro_batches} micro-batches")
+    return "(" + ", ".join(parts) + ")"

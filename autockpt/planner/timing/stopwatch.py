@@ -1,0 +1,456 @@
+"""Timing the real model: its plain step segment by segment, and regions recomputed in pieces.
+
+NOTE [Measured step time]
+On a CPU the time a plan adds is not what its FLOPs say. Splitting the encoder's variable
+selection of ``tft-225`` into 8 chunks measured at least as fast as 4 chunks and as the plain
+step, although it recomputes more: its ``(V, B*T, H)`` tensors shrink under the size above
+which the C allocator maps fresh, zeroed pages for every allocation, and smaller working sets
+fit the caches. On ``tiny`` the same plans cost 1.5x, three times the FLOP estimate, in the
+per-op and per-checkpoint costs of small kernels. So on the CPU the planner times what it is
+about to choose, on the real model, with the parameters and batch the caller gave:
+
+* the plain step, at the whole batch, twice (the faster kept: the first step of a process maps
+  its memory, the steady state reuses it): the forward and backward of every chain segment
+  (timestamps where the segment runners start and end, and a pre-hook on the autograd nodes
+  of each segment's outputs, which run first in its backward), the loss, and one optimizer
+  step on copies of the parameters. That is the unplanned step time and what keeping each
+  segment costs;
+* a region recomputed in pieces of ``s`` samples: one piece's checkpointed forward and
+  backward, on the region's inputs as the plain step produced them (kept from it, cut to ``s``
+  samples along the dimensions the separability probe found). ``k`` chunks of ``m``
+  micro-batches cost ``m * k`` pieces; the region's kept time is what they replace;
+* with ``m`` micro-batches, the plain step of the largest piece, ``m`` times.
+
+Each measurement runs once per ``plan()`` call and only when the solver is about to choose an
+option that needs it (NOTE [Timed options] in :mod:`autockpt.planner.timing.time_model`). A run that takes
+under ``REPEAT_BELOW_S`` is repeated up to ``MAX_REPEATS`` times and the median kept: the first
+run of a small piece pays for pages and caches the steady state does not, and the fastest of
+a few short runs on a busy host is luckier than a long run can be (with the fastest kept,
+pieces of a millisecond came out cheaper against the plain step than they ran in it). A longer
+run runs once, as planning time matters more than its noise. The plain step is the exception:
+where mapping a page is slow it takes more than one step to settle (on a VM whose first touch
+of a page cost about 20 µs of system time, the first ``tft-225`` step of a process took 15.8 s,
+the next ones 1.8, 3.1 and 1.8 s), and a plain step timed unsettled made a plan that measured
+1.40x against the settled plain step come out 76% *faster* than it. So it is timed again while
+a run is more than ``1 - SETTLED_SHARE`` faster than the one before, and the faster of the
+last two runs is kept.
+
+Nothing of the caller's changes: gradients come from ``torch.autograd.grad`` (no ``.grad`` is
+written), buffers a forward updates (BatchNorm's statistics) are put back after every run,
+``plan()`` forks the RNG. The runs use the caller's thread count (planning itself runs on
+one) and whatever else the process has set (glibc's malloc keeping freed pages halves a
+``tft-225`` step): a trainer that tunes its process should do it before planning, so that the
+plan is timed as it will train. They need the real step's memory, so they run only where that is
+cheap: on the CPU, for a model torch.fx traced, when the unplanned step takes less than half
+of the host's free memory; elsewhere the estimate of NOTE [Time model] stands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from autockpt.planner.core.batch_split import batch_size_of, split_batch
+from autockpt.planner.core.memory_tracker import flat_tensors
+from autockpt.planner.measure.fake_step import LossFn, OptimizerSpec, default_loss, make_optimizer
+from autockpt.planner.runtime.segment_runners import (
+    KEEP,
+    SegmentAction,
+    SegmentRunner,
+    build_segmented_module,
+)
+from autockpt.planner.trace.fx_graph import TracedModel
+
+#: A run shorter than this is repeated (NOTE [Measured step time]).
+REPEAT_BELOW_S = 0.05
+#: At most this many runs of one measurement.
+MAX_REPEATS = 3
+#: The plain step is timed again while its last run took under this share of the one before,
+#: up to ``MAX_SETTLING_RUNS`` runs in all (NOTE [Measured step time]).
+SETTLED_SHARE, MAX_SETTLING_RUNS = 0.9, 6
+
+_R = TypeVar("_R")
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Seconds of one plain (unplanned) forward and backward, by chain position.
+
+    Attributes:
+        forward_s: each segment's forward.
+        backward_s: each segment's backward (from its outputs' autograd nodes on).
+        loss_s: the loss's forward and its backward, and what runs outside the segments.
+    """
+
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+    loss_s: float
+
+    @property
+    def total_s(self) -> float:
+        """Forward and backward of the whole step (no optimizer)."""
+        return sum(self.forward_s) + sum(self.backward_s) + self.loss_s
+
+    def kept_s(self, first: int, end: int) -> float:
+        """Forward and backward of chain positions ``first..end-1``, kept."""
+        return sum(self.forward_s[first:end]) + sum(self.backward_s[first:end])
+
+
+def can_time(device: torch.device, unplanned_bytes: int) -> bool:
+    """Whether a traced model whose plain step takes ``unplanned_bytes`` may be timed on
+    ``device`` (NOTE [Measured step time])."""
+    if device.type != "cpu":
+        return False
+    try:
+        free_bytes = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # no such query on this system
+        return True
+    return unplanned_bytes < free_bytes // 2
+
+
+class Stopwatch:
+    """Times the real model's plain step and recomputed regions (NOTE [Measured step time]).
+
+    Args:
+        traced: the traced model; its graph module shares the caller's parameters.
+        example_inputs: the batch to time, as the caller gave it.
+        loss_fn: ``loss_fn(output, *example_targets)``; ``None``: the sum of the outputs.
+        example_targets: the loss's targets.
+        optimizer: what optimizer to time one step of (see ``make_optimizer``).
+        autocast_dtype: run forward and loss under ``torch.autocast`` with this dtype.
+        threads: torch CPU threads to time with (training's, not planning's one).
+    """
+
+    def __init__(
+        self,
+        traced: TracedModel,
+        example_inputs: Sequence[Any],
+        *,
+        loss_fn: LossFn | None,
+        example_targets: Sequence[Any],
+        optimizer: OptimizerSpec,
+        autocast_dtype: torch.dtype | None,
+        threads: int,
+    ) -> None:
+        self.traced = traced
+        self.inputs = list(example_inputs)
+        self.targets = list(example_targets)
+        self.loss_fn = loss_fn or default_loss
+        self.optimizer = optimizer
+        self.autocast_dtype = autocast_dtype
+        self.threads = max(threads, 1)
+        self.batch_size = batch_size_of(self.inputs) or 1
+        module = traced.graph_module
+        self.parameters = [p for p in module.parameters() if p.requires_grad]
+        self._buffers = list(module.buffers())
+        self._steps: dict[int, StepTimes] = {}
+        self._pieces: dict[tuple[int, int, int], float] = {}
+        self._optimizer_s: float | None = None
+        # The inputs of every region, as the whole-batch plain step computed them.
+        self._region_inputs: dict[int, tuple[_Captured, ...]] = {}
+        self._region_runners: dict[int, SegmentRunner] = {}
+        self._clock = _SegmentClock([s.output_names for s in traced.segments])
+        self._plain: torch.nn.Module | None = None
+        #: Seconds spent in timed runs so far (repeats included).
+        self.spent_s = 0.0
+
+    def plain_step(self, pieces: int = 1) -> StepTimes:
+        """The plain step of the largest of ``pieces`` micro-batches, timed segment by segment."""
+        if pieces not in self._steps:
+            inputs = split_batch(self.inputs, pieces, batch_size=self.batch_size)[0]
+            targets = split_batch(self.targets, pieces, batch_size=self.batch_size)[0]
+            capture = pieces == 1
+
+            # At least twice: the first real step of a process maps its memory, and with
+            # malloc keeping freed pages (as a tuned trainer's does) later steps do not.
+            # Where mapping a page is slow it can take a few more steps to settle: then more
+            # runs, and the faster of the last two (NOTE [Measured step time]).
+            def step() -> StepTimes:
+                return self._time_step(inputs, targets, capture=capture)
+
+            runs = self._repeated(step, at_least=2)
+            first_runs = len(runs)
+            while len(runs) < MAX_SETTLING_RUNS and (
+                runs[-1].total_s < SETTLED_SHARE * runs[-2].total_s
+            ):
+                runs += self._repeated(step)
+            settled = runs if len(runs) == first_runs else runs[-2:]
+            self._steps[pieces] = _median(settled, key=lambda times: times.total_s)
+        return self._steps[pieces]
+
+    def optimizer_s(self) -> float:
+        """One optimizer step over copies of the parameters, its state already made."""
+        if self._optimizer_s is None:
+            copies = [torch.nn.Parameter(p.detach().clone()) for p in self.parameters]
+            optimizer = make_optimizer(self.optimizer, copies)
+            if optimizer is None:
+                self._optimizer_s = 0.0
+            else:
+                for copy in copies:
+                    copy.grad = torch.zeros_like(copy)
+                with self._timing_threads(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    optimizer.step()  # makes its state, as an earlier training step has
+                    runs = self._repeated(lambda: _seconds(optimizer.step))
+                    self._optimizer_s = _median(runs, key=float)
+        return self._optimizer_s
+
+    def region_piece_s(
+        self, region: int, samples: int, input_batch_dims: Sequence[int | None]
+    ) -> float:
+        """One checkpointed forward and backward of region ``region`` on ``samples`` samples.
+
+        Args:
+            region: index into the traced model's regions.
+            samples: how many samples the piece holds (the whole batch: no cut).
+            input_batch_dims: per region input, the dimension carrying the batch (None: whole).
+        """
+        key = (region, samples, self.batch_size)
+        if key not in self._pieces:
+            self.plain_step()  # the region's inputs come from it
+            inputs = self._region_inputs[region]
+            if samples < self.batch_size:
+                inputs = tuple(
+                    _Captured(
+                        _first_samples(c.value, dim, samples, self.batch_size), c.requires_grad
+                    )
+                    for c, dim in zip(inputs, input_batch_dims, strict=True)
+                )
+            runner = self._runner(region)
+            runs = self._repeated(lambda: self._time_piece(runner, inputs))
+            self._pieces[key] = _median(runs, key=float)
+        return self._pieces[key]
+
+    def _repeated(self, run: Callable[[], _R], *, at_least: int = 1) -> list[_R]:
+        results: list[_R] = []
+        spent = 0.0
+        while len(results) < max(MAX_REPEATS, at_least) and (
+            len(results) < at_least or spent < REPEAT_BELOW_S
+        ):
+            started = time.perf_counter()
+            with self._buffers_put_back():
+                results.append(run())
+            spent += time.perf_counter() - started
+        self.spent_s += spent
+        return results
+
+    def _time_step(self, inputs: list[Any], targets: list[Any], *, capture: bool) -> StepTimes:
+        if self._plain is None:
+            segments = self.traced.segments
+            self._plain = build_segmented_module(
+                self.traced.graph_module, segments, [KEEP] * len(segments), observer=self._clock
+            )
+        clock = self._clock
+        wanted = self._wanted_names() if capture else {}
+        clock.start(wanted, self._placeholder_values(inputs) if capture else {})
+        with self._timing_threads():
+            started = time.perf_counter()
+            with self.autocast():
+                output = self._plain(*inputs)
+                loss = self.loss_fn(output, *targets)
+            del output
+            forward_done = time.perf_counter()
+            if loss.requires_grad and self.parameters:
+                torch.autograd.grad(loss, self.parameters, allow_unused=True)
+            finished = time.perf_counter()
+        if capture:
+            self._region_inputs = {
+                region: tuple(_captured(clock.values, name) for name in names)
+                for region, names in wanted.items()
+            }
+        forward_s = tuple(clock.forward_s)
+        backward_s = clock.backward_seconds(forward_done, finished)
+        loss_s = max((finished - started) - sum(forward_s) - sum(backward_s), 0.0)
+        return StepTimes(forward_s, backward_s, loss_s)
+
+    def _wanted_names(self) -> dict[int, tuple[str, ...]]:
+        return {i: s.input_names for i, s in enumerate(self.traced.region_segments)}
+
+    def _placeholder_values(self, inputs: list[Any]) -> dict[str, _Captured]:
+        # A placeholder past the inputs given runs with its default (a keyword argument such
+        # as ``scale=0.5``): the graph's call does the same.
+        graph = self.traced.graph_module.graph
+        placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+        values = {
+            node.name: _Captured.of(value)
+            for node, value in zip(placeholders, inputs, strict=False)
+        }
+        for node in placeholders[len(inputs) :]:
+            if node.args:
+                values[node.name] = _Captured.of(node.args[0])
+        return values
+
+    def _runner(self, region: int) -> SegmentRunner:
+        if region not in self._region_runners:
+            regions = self.traced.region_segments
+            module = build_segmented_module(
+                self.traced.graph_module, regions, [KEEP] * len(regions), observer=_NoObserver()
+            )
+            for node in module.graph.nodes:
+                target = node.target
+                if isinstance(target, SegmentRunner):
+                    self._region_runners[target.index] = SegmentRunner(
+                        target.index,
+                        target.module,
+                        SegmentAction(recompute=True),
+                        target.stateful_modules,
+                        None,
+                    )
+        return self._region_runners[region]
+
+    def _time_piece(self, runner: SegmentRunner, inputs: tuple[_Captured, ...]) -> float:
+        leaves = [captured.leaf() for captured in inputs]
+        wrt = [v for v in leaves if isinstance(v, torch.Tensor) and v.requires_grad]
+        with self._timing_threads():
+            started = time.perf_counter()
+            with self.autocast():
+                outputs = [t for t in flat_tensors(runner(*leaves)) if t.requires_grad]
+            if outputs:
+                torch.autograd.grad(
+                    outputs,
+                    [*wrt, *self.parameters],
+                    grad_outputs=[torch.ones_like(t) for t in outputs],
+                    allow_unused=True,
+                )
+            return time.perf_counter() - started
+
+    @contextlib.contextmanager
+    def isolated(self) -> Iterator[None]:
+        """Training's thread count, and the buffers a forward updates put back afterwards."""
+        with self._timing_threads(), self._buffers_put_back():
+            yield
+
+    @contextlib.contextmanager
+    def _timing_threads(self) -> Iterator[None]:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+
+    @contextlib.contextmanager
+    def _buffers_put_back(self) -> Iterator[None]:
+        saved = [buffer.detach().clone() for buffer in self._buffers]
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for buffer, value in zip(self._buffers, saved, strict=True):
+                    buffer.copy_(value)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The autocast the step runs under (none without an autocast dtype)."""
+        return torch.autocast(
+            "cpu", dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+        )
+
+
+class _SegmentClock:
+    """Timestamps of the segments of one plain step, and the region inputs it captures."""
+
+    def __init__(self, output_names: Sequence[tuple[str, ...]]) -> None:
+        self._output_names = list(output_names)
+        self.forward_s = [0.0] * len(output_names)
+        self._started = 0.0
+        self._entries: list[tuple[float, int]] = []
+        self._wanted: set[str] = set()
+        self.values: dict[str, _Captured] = {}
+
+    def start(self, wanted: dict[int, tuple[str, ...]], placeholders: dict[str, _Captured]) -> None:
+        """Forget the last run; capture the values named in ``wanted`` in this one."""
+        self.forward_s = [0.0] * len(self._output_names)
+        self._entries = []
+        self._wanted = {name for names in wanted.values() for name in names}
+        self.values = {k: v for k, v in placeholders.items() if k in self._wanted}
+
+    def segment_started(self, index: int) -> None:
+        self._started = time.perf_counter()
+
+    def segment_finished(self, index: int, inputs: tuple[Any, ...], outputs: Any) -> None:
+        self.forward_s[index] += time.perf_counter() - self._started
+        nodes = {id(t.grad_fn): t.grad_fn for t in flat_tensors(outputs) if t.grad_fn is not None}
+        for node in nodes.values():
+            node.register_prehook(
+                lambda *_, i=index: self._entries.append((time.perf_counter(), i))
+            )
+        if self._wanted:
+            self._keep_wanted(index, outputs)
+
+    def _keep_wanted(self, index: int, outputs: Any) -> None:
+        values = outputs if isinstance(outputs, tuple) else (outputs,)
+        for name, value in zip(self._output_names[index], values, strict=False):
+            if name in self._wanted:
+                self.values[name] = _Captured.of(value)
+
+    def backward_seconds(self, started: float, finished: float) -> tuple[float, ...]:
+        """Each segment's backward: from one of its outputs' nodes to the next segment's."""
+        seconds = [0.0] * len(self.forward_s)
+        entries = sorted(self._entries)
+        for (at, index), (until, _) in zip(entries, [*entries[1:], (finished, -1)], strict=True):
+            seconds[index] += until - max(at, started)
+        return tuple(seconds)
+
+
+class _NoObserver:
+    """Makes :func:`build_segmented_module` give every segment a runner."""
+
+    def segment_started(self, index: int) -> None:
+        return None
+
+    def segment_finished(self, index: int, inputs: tuple[Any, ...], outputs: Any) -> None:
+        return None
+
+
+def _median(runs: list[_R], *, key: Callable[[_R], float]) -> _R:
+    """The middle run by ``key``; of two, the faster (the other is the cold first one)."""
+    return sorted(runs, key=key)[(len(runs) - 1) // 2]
+
+
+def _seconds(work: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+@dataclass(frozen=True)
+class _Captured:
+    """A value the plain step computed, detached, and whether it needed a gradient there."""
+
+    value: Any
+    requires_grad: bool
+
+    @classmethod
+    def of(cls, value: Any) -> _Captured:
+        if isinstance(value, torch.Tensor):
+            return cls(value.detach(), value.requires_grad)
+        return cls(value, False)
+
+    def leaf(self) -> Any:
+        """The value as an input of a timed run: a fresh leaf where it needed a gradient."""
+        if isinstance(self.value, torch.Tensor) and self.requires_grad:
+            return self.value.detach().requires_grad_()
+        return self.value
+
+
+def _captured(values: dict[str, _Captured], name: str) -> _Captured:
+    """The value the plain step gave ``name``; a region input it never saw cannot be timed
+    (a guess such as ``None`` would time a run that fails, or a different one)."""
+    if name not in values:
+        raise LookupError(f"the plain step never computed the region input {name}")
+    return values[name]
+
+
+def _first_samples(value: Any, dim: int | None, samples: int, batch_size: int) -> Any:
+    """The first ``samples`` samples of ``value`` along ``dim`` (rows per sample kept)."""
+    if dim is None or not isinstance(value, torch.Tensor):
+        return value
+    rows = value.shape[dim] // batch_size
+    return value.narrow(dim, 0, samples * rows)

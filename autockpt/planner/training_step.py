@@ -1,0 +1,77 @@
+"""Running one planned training step: forward and backward over the plan's micro-batches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Literal
+
+import torch
+
+from autockpt.planner.core.batch_split import batch_size_of, piece_sizes, split_batch
+from autockpt.planner.plan_types import Plan
+
+
+def training_step(
+    model: torch.nn.Module,
+    plan: Plan | None,
+    inputs: Sequence[torch.Tensor],
+    targets: Sequence[torch.Tensor],
+    loss_fn: Callable[..., torch.Tensor],
+    *,
+    loss_reduction: Literal["mean", "sum"] = "mean",
+    no_sync: Callable[[], AbstractContextManager[Any]] | None = None,
+) -> torch.Tensor:
+    """Forward and backward of one batch in ``plan.num_micro_batches`` pieces.
+
+    Every tensor of the inputs and targets that carries the batch (dim 0 the size of the
+    largest dim 0, inside tuples, lists and dicts too) is split along dim 0 into the plan's
+    number of pieces, and other values go whole to every piece; each piece
+    runs forward, ``loss_fn(output, *targets)`` and backward, and the gradients add up in the
+    parameters' ``.grad``. With ``loss_reduction="mean"`` each piece's loss is weighted by its
+    share of the batch, so the gradients equal those of one pass over the whole batch (up to
+    float rounding; with dropout on, each piece draws its own masks). The caller clips and
+    steps the optimizer.
+
+    Args:
+        model: the planned model (from :func:`autockpt.apply`) or any model.
+        plan: its plan; ``None`` runs the batch in one piece.
+        inputs: the model's positional inputs for the whole batch.
+        targets: what ``loss_fn`` compares against, for the whole batch.
+        loss_fn: ``loss_fn(output, *targets) -> scalar``, a mean or a sum over samples.
+        loss_reduction: whether ``loss_fn`` averages (``"mean"``) or adds (``"sum"``) samples.
+        no_sync: a context that defers gradient synchronisation, such as
+            ``DistributedDataParallel.no_sync``; every piece but the last runs inside it, so the
+            gradients are synchronised once per step. ``None``: nothing is deferred.
+
+    Returns:
+        The whole batch's loss, detached.
+
+    Example:
+        >>> loss = autockpt.training_step(planned, plan, batch.inputs(), (batch.target,), loss_fn)
+        >>> optimizer.step(); optimizer.zero_grad()
+    """
+    pieces = max(plan.num_micro_batches, 1) if plan is not None else 1
+    if pieces == 1:
+        loss = loss_fn(model(*inputs), *targets)
+        loss.backward()
+        return loss.detach()
+    # Every tensor that carries the batch is cut, in nests too (autockpt.planner.core.batch_split).
+    batch = batch_size_of(inputs) or 1
+    split_inputs = split_batch(inputs, pieces, batch_size=batch)
+    split_targets = split_batch(targets, pieces, batch_size=batch)
+    sizes = piece_sizes(inputs, pieces, batch_size=batch)
+    # A Python number: a tensor here would stay alive through every later piece, on top of
+    # what the plan measured (one piece, nothing else held). On CUDA reading it waits for the
+    # piece to finish, once per micro-batch.
+    total = 0.0
+    for index in range(pieces):
+        piece_inputs, piece_targets = split_inputs[index], split_targets[index]
+        weight = sizes[index] / batch if loss_reduction == "mean" else 1.0
+        last = index == pieces - 1
+        with nullcontext() if no_sync is None or last else no_sync():
+            loss = loss_fn(model(*piece_inputs), *piece_targets) * weight
+            loss.backward()
+        total += float(loss.detach())
+        del loss
+    return torch.tensor(total, dtype=torch.float32)

@@ -1,0 +1,99 @@
+"""The plans that fit, timed whole against the plain step (NOTE [Whole-plan timing])."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import autockpt
+from autockpt.planner.solve.chain_builder import Decision
+from autockpt.planner.solve.whole_plan_timing import MAX_CANDIDATES, StepRunner
+from tests.oracle import measured_step
+from tests.planner.fake_times import mlp_with_fake_times
+
+
+def _budget(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], share: float) -> int:
+    """``share`` of the way from the lowest feasible peak to the unplanned one."""
+    unplanned = autockpt.plan(model, inputs, 10**12)
+    lowest = autockpt.plan(model, inputs, unplanned.unplanned_peak_bytes).minimum_feasible_bytes
+    return int(lowest + share * (unplanned.unplanned_peak_bytes - lowest))
+
+
+def _plan_timed(monkeypatch: pytest.MonkeyPatch, budget_share: float):
+    """A plan at ``budget_share`` of the way from the lowest peak to the unplanned one whose
+    whole-plan timings are made up:
+    every plan timed later is faster than the ones before (none is the estimate's pick)."""
+    timed: list[Decision | None] = []  # the last timing's plans (each starts with the plain step)
+    seconds_of: dict[int, float] = {}
+
+    def fake_seconds(self: StepRunner, decision: Decision | None) -> Callable[[], float]:
+        if decision is None:
+            timed.clear()
+        timed.append(decision)
+        # Every candidate is more than WIDEN_PAST_SHARE slower than the plain step, so that a
+        # stage's fit timed whole never ends the search; later ones are faster.
+        value = plain_s * (1.0 if decision is None else 1.9 - 0.2 * len(timed))
+        seconds_of[id(decision)] = value
+        return lambda: value
+
+    monkeypatch.setattr(StepRunner, "seconds", fake_seconds)
+    # The stopwatch's runs are made up too: with real ones, which plans fit and are timed
+    # moved with the machine's load.
+    model, inputs, traced, _ = mlp_with_fake_times(monkeypatch)
+    plain_s = 3.0 * len(traced.segments)  # the fake stopwatch's forward and backward
+    budget = _budget(model, inputs, budget_share)
+    return model, inputs, budget, autockpt.plan(model, inputs, budget), timed, seconds_of
+
+
+def test_the_fastest_plan_timed_whole_is_chosen_and_predicted(monkeypatch):
+    model, inputs, budget, plan, timed, seconds_of = _plan_timed(monkeypatch, 0.5)
+    assert timed[0] is None, "the plain step is timed with the candidates"
+    candidates = [d for d in timed if d is not None]
+    assert 2 <= len(candidates) <= MAX_CANDIDATES
+    fastest = candidates[-1]
+    assert plan.num_micro_batches == fastest.num_micro_batches
+    assert [s.recomputed for s in plan.segments] == [a.recompute for a in fastest.actions]
+    assert [s.num_chunks for s in plan.segments] == [a.num_chunks for a in fastest.actions]
+    assert plan.predicted_extra_s == pytest.approx(seconds_of[id(fastest)] - seconds_of[id(None)])
+    note = next(n for n in plan.notes if n.startswith("timed "))
+    assert f"timed {len(candidates)} plans that fit whole" in note
+    # Every candidate fits: the chosen one, counted by the oracle, holds the budget.
+    peak, _, _ = measured_step(model, inputs, plan)
+    assert peak <= budget
+
+
+def test_a_budget_the_plain_step_meets_times_no_whole_plan(monkeypatch):
+    _, _, _, plan, timed, _ = _plan_timed(monkeypatch, 2.0)
+    assert plan.num_recomputed == 0 and plan.num_micro_batches == 1
+    assert timed == []
+
+
+def test_a_plan_is_judged_by_its_fastest_round_not_by_runs_after_other_plans(monkeypatch):
+    """A plan's run right after another plan's can pay for what that one left (fresh pages on
+    the CPU); training repeats one plan, so its fastest round is its step time."""
+    position = [0]
+    settled_fast: list[Decision] = []
+
+    def fake_seconds(self: StepRunner, decision: Decision | None) -> Callable[[], float]:
+        if decision is None:  # each timing starts with the plain step
+            position[0] = 0
+            return lambda: 1.0
+        position[0] += 1
+        if position[0] == 1:  # the first candidate: slow in two rounds of three, then 1.2 s
+            settled_fast.append(decision)
+            runs = itertools.cycle([4.5, 4.5, 1.2])
+            return lambda: next(runs)
+        return lambda: 1.5 + 0.1 * position[0]
+
+    monkeypatch.setattr(StepRunner, "seconds", fake_seconds)
+    model, inputs, _, _ = mlp_with_fake_times(monkeypatch)
+    budget = _budget(model, inputs, 0.5)
+    plan = autockpt.plan(model, inputs, budget)
+    chosen = settled_fast[-1]
+    assert plan.num_micro_batches == chosen.num_micro_batches
+    assert [s.recomputed for s in plan.segments] == [a.recompute for a in chosen.actions]
+    assert [s.num_chunks for s in plan.segments] == [a.num_chunks for a in chosen.actions]
+    assert plan.predicted_extra_s == pytest.approx(0.2)
