@@ -62,8 +62,8 @@ def floor(kept: StepProfile, traced: TracedModel) -> tuple[int, int, str]:
     """The floor: the states (parameters, optimizer state, inputs, all gradients), the bytes
     above them that the bounding segment's backward needs at once, and that segment's name.
 
-    The bound is :func:`~autockpt.planner.solve.chain_terms.recompute_lower_bound_bytes` over the finest
-    chain: while segment ``i`` runs backward, no plan holds less than the kept step then,
+    The bound is :func:`~autockpt.planner.solve.chain_terms.recompute_lower_bound_bytes` over the
+    finest chain: while segment ``i`` runs backward, no plan holds less than the kept step then,
     less what the segments before it keep.
     """
     states = kept.start_bytes + kept.gradient_bytes

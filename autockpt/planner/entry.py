@@ -225,9 +225,9 @@ def _plan_shifted(
 ) -> Plan:
     """:func:`plan_one_process`, against the budget less one rank's difference.
 
-    NOTE [Per-rank accounting] in :mod:`autockpt.planner.measure.sharding`: one rank's tensors are the one
-    process's plus ``share.offset_bytes``, so the step may take the budget less that (and less
-    the allocator's share of it on CUDA). The plan that comes back is the one process's;
+    NOTE [Per-rank accounting] in :mod:`autockpt.planner.measure.sharding`: one rank's tensors are
+    the one process's plus ``share.offset_bytes``, so the step may take the budget less that (and
+    less the allocator's share of it on CUDA). The plan that comes back is the one process's;
     :func:`_per_rank` turns it into one rank's.
     """
     if share.offset_bytes == 0:

@@ -1,21 +1,21 @@
 """Planning one process's step: trace, measure, widen the options in stages, solve, measure.
 
 NOTE [Planning]
-1. Trace the model into a chain of segments (:mod:`autockpt.planner.trace.fx_graph`); a model torch.fx cannot
-   trace gets whole submodules as segments instead, found with forward hooks, and a warning
-   (NOTE [Module chain]).
-2. Measure a step on fake tensors with every segment kept (:mod:`autockpt.planner.measure.fake_step`). If it
-   fits, that is the plan.
-3. Widen the options in stages, each measured only when the ones before cannot fit, and after
-   each solve every chain exactly (:mod:`autockpt.planner.solve.chain_solver`) and keep the cheapest that fits
-   (the fastest: on the CPU the options the solver is about to choose are timed on the real
+1. Trace the model into a chain of segments (:mod:`autockpt.planner.trace.fx_graph`); a model
+   torch.fx cannot trace gets whole submodules as segments instead, found with forward hooks, and a
+   warning (NOTE [Module chain]).
+2. Measure a step on fake tensors with every segment kept
+   (:mod:`autockpt.planner.measure.fake_step`). If it fits, that is the plan.
+3. Widen the options in stages, each measured only when the ones before cannot fit, and after each
+   solve every chain exactly (:mod:`autockpt.planner.solve.chain_solver`) and keep the cheapest that
+   fits (the fastest: on the CPU the options the solver is about to choose are timed on the real
    model first, NOTE [Timed options] in :mod:`autockpt.planner.timing.time_model`):
-   a. plain recompute, segment by segment: a step with every segment recomputed gives each
-      segment's second option (NOTE [Chain memory model]). Skipped when the kept step
-      already shows no such plan can fit (:func:`~autockpt.planner.solve.chain_terms.recompute_lower_bound_bytes`),
-      until nothing fits: the refusal's minimum counts it too;
-   b. regions recomputed whole, and, where :mod:`autockpt.planner.measure.separability` finds a region
-      batch-separable, in chunks (scaled from the whole-region numbers);
+   a. plain recompute, segment by segment: a step with every segment recomputed gives each segment's
+      second option (NOTE [Chain memory model]). Skipped when the kept step already shows no such
+      plan can fit (:func:`~autockpt.planner.solve.chain_terms.recompute_lower_bound_bytes`), until
+      nothing fits: the refusal's minimum counts it too;
+   b. regions recomputed whole, and, where :mod:`autockpt.planner.measure.separability` finds a
+      region batch-separable, in chunks (scaled from the whole-region numbers);
    c. if the whole step is batch-separable, micro-batches: the step measured again at half the
       batch, every quantity fitted as ``a + c * s``, ``s`` the largest piece's share of the
       batch (counts need not divide it).
@@ -31,10 +31,10 @@ NOTE [Planning]
    the solver's estimate was optimistic and the plan does not fit, solve again against a budget
    lowered by the overshoot (a few rounds), then try the next stage, and fail with
    :class:`InfeasibleBudgetError` rather than hand back a plan that does not fit.
-5. Where the planner times the real model, time the plans that fit whole, side by side with
-   the plain step, and take the fastest (NOTE [Whole-plan timing] in
-   :mod:`autockpt.planner.solve.whole_plan_timing`): the sums the solver minimised miss what only a whole
-   step shows. Its timed overhead is the plan's predicted one.
+5. Where the planner times the real model, time the plans that fit whole, side by side with the
+   plain step, and take the fastest (NOTE [Whole-plan timing] in
+   :mod:`autockpt.planner.solve.whole_plan_timing`): the sums the solver minimised miss what only a
+   whole step shows. Its timed overhead is the plan's predicted one.
 
 The budget a plan must meet on the CPU is tracked bytes (NOTE [Tracked bytes]). On CUDA it
 is what ``nvidia-smi`` shows: the CUDA context and the caching allocator's slack come off the

@@ -25,17 +25,17 @@ over NCCL, or the CPU over gloo) and the budget is per rank, as each rank owns o
   back from them.
 
 NOTE [FSDP and the planned model]
-``--strategy fsdp`` applies FSDP2's ``fully_shard`` to the planned model (:func:`shard`): each
-leaf unit (NOTE [FSDP units] in :mod:`autockpt.planner.measure.sharding`), then the planned root. FSDP swaps a
-module's parameter entries between the sharded and the gathered tensors, so every view of the
-model must reach parameters through the same module objects. The planned module, its graph and
-each recomputed segment's subgraph resolve every attribute path through the model's own tables
-of modules and parameters (NOTE [The planned module] in :mod:`autockpt.planner.runtime.planned_graph`),
+``--strategy fsdp`` applies FSDP2's ``fully_shard`` to the planned model (:func:`shard`): each leaf
+unit (NOTE [FSDP units] in :mod:`autockpt.planner.measure.sharding`), then the planned root. FSDP
+swaps a module's parameter entries between the sharded and the gathered tensors, so every view of
+the model must reach parameters through the same module objects. The planned module, its graph and
+each recomputed segment's subgraph resolve every attribute path through the model's own tables of
+modules and parameters (NOTE [The planned module] in :mod:`autockpt.planner.runtime.planned_graph`),
 so a parameter read inside a recomputed segment is the gathered one (were they copies, recomputed
-segments would read the stale unsharded originals and their gradients would be lost). The
-original model is part of the sharded module afterwards: the trainer
-evaluates and saves through the planned root, and does not re-plan (planning needs the whole
-parameters; a run that goes over its budget is resumed with a lower one instead).
+segments would read the stale unsharded originals and their gradients would be lost). The original
+model is part of the sharded module afterwards: the trainer evaluates and saves through the planned
+root, and does not re-plan (planning needs the whole parameters; a run that goes over its budget is
+resumed with a lower one instead).
 """
 
 from __future__ import annotations

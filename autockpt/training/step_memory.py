@@ -1,8 +1,8 @@
 """Measuring a training step's peak memory, the number the trainer holds to the budget.
 
 :class:`StepMemoryMeter` owns which steps are measured and how: tracked tensor bytes on the CPU
-(:class:`~autockpt.planner.core.memory_tracker.MemoryTracker`), the allocator's counters on CUDA. What the
-trainer does with a reading (re-planning) is in :class:`~autockpt.training.train.Trainer`.
+(:class:`~autockpt.planner.core.memory_tracker.MemoryTracker`), the allocator's counters on CUDA.
+What the trainer does with a reading (re-planning) is in :class:`~autockpt.training.train.Trainer`.
 
 NOTE [Enforcing the budget]
 The plan predicts the peak of one step; the trainer checks it. On CUDA the measure is what
@@ -10,12 +10,12 @@ The plan predicts the peak of one step; the trainer checks it. On CUDA the measu
 CUDA context. The allocator keeps those counters anyway, so every CUDA step is measured.
 
 On the CPU the measure is tracked tensor bytes: the step (forward, backward, clipping, optimizer)
-runs under a :class:`~autockpt.planner.core.memory_tracker.MemoryTracker` that starts from the parameters,
-their gradients, the optimizer state and the batch, as the planner counts them. The tracker is a
-Python dispatch mode that sees every op: it made a tiny TFT step 3.9x slower than a plain loop
-(45 ms against 11.7 ms). Tracked bytes are a function of the plan and the shapes alone (the same
-ops allocate the same sizes in the same order; dropout draws new values, not new sizes), so the
-CPU measures a sample of the steps and loses nothing a measured step would have shown:
+runs under a :class:`~autockpt.planner.core.memory_tracker.MemoryTracker` that starts from the
+parameters, their gradients, the optimizer state and the batch, as the planner counts them. The
+tracker is a Python dispatch mode that sees every op: it made a tiny TFT step 3.9x slower than a
+plain loop (45 ms against 11.7 ms). Tracked bytes are a function of the plan and the shapes alone
+(the same ops allocate the same sizes in the same order; dropout draws new values, not new sizes),
+so the CPU measures a sample of the steps and loses nothing a measured step would have shown:
 
 - the first ``STEPS_MEASURED_AFTER_CHANGE`` steps after every plan (the first one, each re-plan,
   the plan a resumed run makes) and after any change of the batch's shapes: the first step

@@ -1,13 +1,13 @@
 """Cutting a batch into pieces along the batch: micro-batches, and the separability probe's samples.
 
-A batch is a sequence of positional inputs (or targets): tensors, or tuples, lists and dicts
-of them, nested (``torch.utils._pytree``'s containers). The *batch size* is the dim-0 size most
-of its tensors share, and a tensor *carries the batch* when its dim 0 has that size: those are
-cut, every other value (a shared mask, a scalar, a flag) goes whole to every piece.
-Pieces are ``torch.tensor_split``'s: the first ones a sample larger when the count does not
-divide the batch. Micro-batches (:func:`~autockpt.planner.training_step.training_step`, the planner's
-measurement of one piece) and the separability probe (:mod:`autockpt.planner.measure.separability`) cut
-with these functions, so what the probe vouches for is what training runs.
+A batch is a sequence of positional inputs (or targets): tensors, or tuples, lists and dicts of
+them, nested (``torch.utils._pytree``'s containers). The *batch size* is the dim-0 size most of its
+tensors share, and a tensor *carries the batch* when its dim 0 has that size: those are cut, every
+other value (a shared mask, a scalar, a flag) goes whole to every piece. Pieces are
+``torch.tensor_split``'s: the first ones a sample larger when the count does not divide the batch.
+Micro-batches (:func:`~autockpt.planner.training_step.training_step`, the planner's measurement of
+one piece) and the separability probe (:mod:`autockpt.planner.measure.separability`) cut with these
+functions, so what the probe vouches for is what training runs.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 NOTE [Step accounting]
 One *step* is what a trainer does per batch: forward, loss, backward, optimizer step, with the
 gradients set to ``None`` before the next step (the PyTorch default). Before the step starts the
-parameters, the optimizer state (already created by an earlier step) and the input batch are
-live. The step is run on a fake copy of the model under a :class:`~autockpt.planner.core.memory_tracker.MemoryTracker`,
-so every live storage is counted at every op, with no real memory and in a fraction of a second.
+parameters, the optimizer state (already created by an earlier step) and the input batch are live.
+The step is run on a fake copy of the model under a
+:class:`~autockpt.planner.core.memory_tracker.MemoryTracker`, so every live storage is counted at
+every op, with no real memory and in a fraction of a second.
 
 While it runs, each op is attributed to a phase (forward, loss, backward, optimizer) and, in
 forward and backward, to the segment it belongs to: in forward the segment runner says which

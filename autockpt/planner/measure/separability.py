@@ -1,13 +1,13 @@
 """Which segments, and whether the whole step, can be split along the batch.
 
 NOTE [Batch separability]
-Running a segment in chunks along the batch, or the whole step in micro-batches, changes
-nothing only where no operation mixes samples: a per-variable GRN qualifies, BatchNorm in
-training mode (batch statistics) and anything that reduces over the batch do not. Rather than
-trust a list of "safe" ops, this is established by experiment on the real model at a small
-batch (:mod:`autockpt.planner.measure.per_sample_probe`): it runs as it trains on 3 samples, on 2, and on
-each of the first 3 alone, with every random draw made fixed (NOTE [Fixed randomness]:
-dropout frozen on by torch.fx or drawn by hand is not mixing), and
+Running a segment in chunks along the batch, or the whole step in micro-batches, changes nothing
+only where no operation mixes samples: a per-variable GRN qualifies, BatchNorm in training mode
+(batch statistics) and anything that reduces over the batch do not. Rather than trust a list of
+"safe" ops, this is established by experiment on the real model at a small batch
+(:mod:`autockpt.planner.measure.per_sample_probe`): it runs as it trains on 3 samples, on 2, and on
+each of the first 3 alone, with every random draw made fixed (NOTE [Fixed randomness]: dropout
+frozen on by torch.fx or drawn by hand is not mixing), and
 
 - a segment of a traced model may run in chunks if it has an input that carries the batch,
   every output carries it too, and every output of every sample agrees;

@@ -1,8 +1,8 @@
 """The planned module of a module chain: shallow copies whose recomputed links run checkpointed.
 
 A recomputed segment of one link wraps the link's ``forward`` in a
-:class:`~autockpt.planner.runtime.segment_runners.SegmentRunner` (NOTE [Module chain], "Running it"); one of
-several links (a span) gives each link's ``forward`` to a shared
+:class:`~autockpt.planner.runtime.segment_runners.SegmentRunner` (NOTE [Module chain], "Running
+it"); one of several links (a span) gives each link's ``forward`` to a shared
 :class:`~autockpt.planner.runtime.chain_spans.Span` (NOTE [Module spans]).
 """
 

@@ -13,11 +13,12 @@ statistics) would update them a second time during the recompute; the runner's r
 context puts those buffers back as they were, so a planned step changes the model's state
 exactly as a plain step does.
 
-A runner with ``num_chunks > 1`` splits its batch-carrying inputs into that many pieces (each
-along the dimension that carries the batch: dim 0 for ``(B, T, H)``, dim 1 for a
-variable-major ``(V, B * T, E)``), checkpoints each piece separately and concatenates the
-outputs along theirs: in backward only one piece's interior is rebuilt at a time. That is only correct for a segment where no operation
-mixes samples, which :mod:`autockpt.planner.measure.separability` establishes before the planner may choose it.
+A runner with ``num_chunks > 1`` splits its batch-carrying inputs into that many pieces (each along
+the dimension that carries the batch: dim 0 for ``(B, T, H)``, dim 1 for a variable-major ``(V, B *
+T, E)``), checkpoints each piece separately and concatenates the outputs along theirs: in backward
+only one piece's interior is rebuilt at a time. That is only correct for a segment where no
+operation mixes samples, which :mod:`autockpt.planner.measure.separability` establishes before the
+planner may choose it.
 
 NOTE [Segment runners under torch.compile]
 Dynamo turns a ``checkpoint`` call into a region whose operations the partitioner recomputes

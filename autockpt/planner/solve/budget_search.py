@@ -1,10 +1,11 @@
 """The budget search: the solver run over every micro-batch count the profiles allow.
 
 :class:`BudgetSearch` holds the profiles measured so far (NOTE [Planning] in
-:mod:`autockpt.planner.pipeline`), solves each chain exactly (:mod:`autockpt.planner.solve.chain_solver`),
-measures the cheapest decision on fake tensors and re-solves when the chain model was optimistic.
-When nothing fits it builds the :class:`~autockpt.errors.InfeasibleBudgetError`
-(NOTE [Refusal] in :mod:`autockpt.planner.solve.refusal`).
+:mod:`autockpt.planner.pipeline`), solves each chain exactly
+(:mod:`autockpt.planner.solve.chain_solver`), measures the cheapest decision on fake tensors and
+re-solves when the chain model was optimistic. When nothing fits it builds the
+:class:`~autockpt.errors.InfeasibleBudgetError` (NOTE [Refusal] in
+:mod:`autockpt.planner.solve.refusal`).
 """
 
 from __future__ import annotations

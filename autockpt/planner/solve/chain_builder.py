@@ -2,21 +2,20 @@
 
 NOTE [Chain levels]
 The chain's positions are the traced model's segments (NOTE [Cut points] in
-:mod:`autockpt.planner.trace.cut_points`). Each position can be kept or recomputed on its own, with the
-numbers of the all-kept and all-recomputed profiles (NOTE [Chain memory model]); one that
-writes its own input in place is only kept (NOTE [In-place writes]). Where a unit of several
-segments starts (in-place writes cut units finer), an option spans the whole unit: recompute it
-as one, with the numbers of the profile in which every unit is recomputed whole, so that cutting
-finer never loses a plan the units alone allowed. A segment of a traced model can also rebuild
-only its cheap ops, with the numbers of the profile in which every such segment does
-(NOTE [Selective recompute]). Where a region (a run of units with a small
-outer boundary) starts, two more kinds of option span the whole region: recompute it as one,
-with the numbers of the profile in which every region is recomputed whole, and, if the region is
-batch-separable, recompute it in ``k`` chunks. Chunk numbers are scaled from the whole-region
-ones: interiors shrink by ``k``, the boundary and its gradient do not; the plan's final
-measurement checks the result. Every option's seconds come from the step costs of
-:mod:`autockpt.planner.timing.time_model`: estimated until the solver is about to choose the option, then
-timed on the real model where it can be (NOTE [Timed options]).
+:mod:`autockpt.planner.trace.cut_points`). Each position can be kept or recomputed on its own, with
+the numbers of the all-kept and all-recomputed profiles (NOTE [Chain memory model]); one that writes
+its own input in place is only kept (NOTE [In-place writes]). Where a unit of several segments
+starts (in-place writes cut units finer), an option spans the whole unit: recompute it as one, with
+the numbers of the profile in which every unit is recomputed whole, so that cutting finer never
+loses a plan the units alone allowed. A segment of a traced model can also rebuild only its cheap
+ops, with the numbers of the profile in which every such segment does (NOTE [Selective recompute]).
+Where a region (a run of units with a small outer boundary) starts, two more kinds of option span
+the whole region: recompute it as one, with the numbers of the profile in which every region is
+recomputed whole, and, if the region is batch-separable, recompute it in ``k`` chunks. Chunk numbers
+are scaled from the whole-region ones: interiors shrink by ``k``, the boundary and its gradient do
+not; the plan's final measurement checks the result. Every option's seconds come from the step costs
+of :mod:`autockpt.planner.timing.time_model`: estimated until the solver is about to choose the
+option, then timed on the real model where it can be (NOTE [Timed options]).
 """
 
 from __future__ import annotations

@@ -21,19 +21,18 @@ about to choose, on the real model, with the parameters and batch the caller gav
   micro-batches cost ``m * k`` pieces; the region's kept time is what they replace;
 * with ``m`` micro-batches, the plain step of the largest piece, ``m`` times.
 
-Each measurement runs once per ``plan()`` call and only when the solver is about to choose an
-option that needs it (NOTE [Timed options] in :mod:`autockpt.planner.timing.time_model`). A run that takes
-under ``REPEAT_BELOW_S`` is repeated up to ``MAX_REPEATS`` times and the median kept: the first
-run of a small piece pays for pages and caches the steady state does not, and the fastest of
-a few short runs on a busy host is luckier than a long run can be (with the fastest kept,
-pieces of a millisecond came out cheaper against the plain step than they ran in it). A longer
-run runs once, as planning time matters more than its noise. The plain step is the exception:
-where mapping a page is slow it takes more than one step to settle (on a VM whose first touch
-of a page cost about 20 µs of system time, the first ``tft-225`` step of a process took 15.8 s,
-the next ones 1.8, 3.1 and 1.8 s), and a plain step timed unsettled made a plan that measured
-1.40x against the settled plain step come out 76% *faster* than it. So it is timed again while
-a run is more than ``1 - SETTLED_SHARE`` faster than the one before, and the faster of the
-last two runs is kept.
+Each measurement runs once per ``plan()`` call and only when the solver is about to choose an option
+that needs it (NOTE [Timed options] in :mod:`autockpt.planner.timing.time_model`). A run that takes
+under ``REPEAT_BELOW_S`` is repeated up to ``MAX_REPEATS`` times and the median kept: the first run
+of a small piece pays for pages and caches the steady state does not, and the fastest of a few short
+runs on a busy host is luckier than a long run can be (with the fastest kept, pieces of a
+millisecond came out cheaper against the plain step than they ran in it). A longer run runs once, as
+planning time matters more than its noise. The plain step is the exception: where mapping a page is
+slow it takes more than one step to settle (on a VM whose first touch of a page cost about 20 µs of
+system time, the first ``tft-225`` step of a process took 15.8 s, the next ones 1.8, 3.1 and 1.8 s),
+and a plain step timed unsettled made a plan that measured 1.40x against the settled plain step come
+out 76% *faster* than it. So it is timed again while a run is more than ``1 - SETTLED_SHARE`` faster
+than the one before, and the faster of the last two runs is kept.
 
 Nothing of the caller's changes: gradients come from ``torch.autograd.grad`` (no ``.grad`` is
 written), buffers a forward updates (BatchNorm's statistics) are put back after every run,

@@ -1,7 +1,7 @@
 """Stage 1: trace a model with torch.fx and cut its graph into a chain of candidate segments.
 
-The chain's segments are runs of the graph's compute nodes in execution order, cut where few
-bytes cross (NOTE [Cut points] in :mod:`autockpt.planner.trace.cut_points`); runs of segments form the
+The chain's segments are runs of the graph's compute nodes in execution order, cut where few bytes
+cross (NOTE [Cut points] in :mod:`autockpt.planner.trace.cut_points`); runs of segments form the
 units and regions that may also be recomputed as one.
 """
 
@@ -88,8 +88,8 @@ class TracedModel:
             :mod:`autockpt.planner.trace.cut_points`).
         region_segments: each region as one segment.
         fake_module: a copy of ``graph_module`` on fake tensors of ``fake_mode`` (see
-            :func:`autockpt.planner.core.fake_copies.fake_copy`), made once here for the sizes and reused by
-            every measurement (copying a large graph module is not free).
+            :func:`autockpt.planner.core.fake_copies.fake_copy`), made once here for the sizes and
+            reused by every measurement (copying a large graph module is not free).
         fake_mode: the fake tensor mode of ``fake_module``.
         units: runs of segments that may be recomputed as one, as ``(first, end)`` segment
             indices covering the chain; one per segment unless in-place writes cut them

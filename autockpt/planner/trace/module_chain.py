@@ -6,44 +6,43 @@ Some models do not trace: their forward branches on tensor values (``if x.sum() 
 TFT does all three). For those the chain's segments are submodules instead of runs of fx nodes.
 
 *Finding the chain.* The model runs forward once (on a fake copy; see below) under a
-:class:`~autockpt.planner.core.memory_tracker.MemoryTracker`, with a pre- and a post-forward hook on every submodule.
-That gives the *call tree* (which module call ran inside which) and, for each call, the bytes it
-leaves alive at its end (what it saves for backward and returns: its *held* bytes). The chain
-starts as the root's calls, in order. While one link holds over a third of the chain's held
-bytes (recomputed whole, it would bound the step's peak near that share) and its own calls
-hold most of its bytes, it is replaced by those calls: segments
-get finer where the memory is (a wrapper module is looked through; a ``ModuleList`` of blocks,
-which is never called itself, gives one segment per block). A call is a link only if its
-module runs once per forward and sits below the calling module in the module tree: a module
-called twice (a shared activation, a weight-tied layer), or reached from a module that is not
-its parent (a ``ModuleDict`` shared by two networks), stays part of *the rest*, with the
-operations the forwards run between links. The rest is always kept. The step measurements
-count it with its neighbours: in forward on top of the link before it (what it keeps is part
-of that link's kept bytes), in backward with the link whose autograd nodes ran last; the
-plan's final measurement covers whatever the chain model misses.
+:class:`~autockpt.planner.core.memory_tracker.MemoryTracker`, with a pre- and a post-forward hook on
+every submodule. That gives the *call tree* (which module call ran inside which) and, for each call,
+the bytes it leaves alive at its end (what it saves for backward and returns: its *held* bytes). The
+chain starts as the root's calls, in order. While one link holds over a third of the chain's held
+bytes (recomputed whole, it would bound the step's peak near that share) and its own calls hold most
+of its bytes, it is replaced by those calls: segments get finer where the memory is (a wrapper
+module is looked through; a ``ModuleList`` of blocks, which is never called itself, gives one
+segment per block). A call is a link only if its module runs once per forward and sits below the
+calling module in the module tree: a module called twice (a shared activation, a weight-tied layer),
+or reached from a module that is not its parent (a ``ModuleDict`` shared by two networks), stays
+part of *the rest*, with the operations the forwards run between links. The rest is always kept. The
+step measurements count it with its neighbours: in forward on top of the link before it (what it
+keeps is part of that link's kept bytes), in backward with the link whose autograd nodes ran last;
+the plan's final measurement covers whatever the chain model misses.
 
-*Running it.* The planned module is a shallow copy of the root in which each recomputed
-link's module (and each module on the path to it) is a shallow copy whose ``forward`` is a
-:class:`~autockpt.planner.runtime.segment_runners.SegmentRunner` around the original forward: non-reentrant
-``torch.utils.checkpoint`` with the RNG state preserved and the module's buffers put back after
-the recompute (NOTE [Segment runners]). Shallow copies share every parameter, buffer and
-untouched submodule, so the planned module has the original's call signature and
-``state_dict()`` keys, and the original keeps running without checkpoints. The runner gets the
-call's arguments flattened (keyword arguments and tensors inside dicts included), so backward
-attributes every autograd node to the right segment. Links recomputed one by one keep every
-input, which in a chain of ``Linear`` layers is everything they save; so the chain is also cut
-into *spans*, runs of consecutive links that may be recomputed as one (the cuts of NOTE [Cut
-points] over the links, each link weighing its held bytes and each cut its input bytes), which
-the solver offers as the fx path's regions (NOTE [Module spans]; built by
-:mod:`autockpt.planner.runtime.planned_chain`). ``use_gradient_checkpointing=True`` recomputes the
-spans when that peaks lower than the links one by one.
+*Running it.* The planned module is a shallow copy of the root in which each recomputed link's
+module (and each module on the path to it) is a shallow copy whose ``forward`` is a
+:class:`~autockpt.planner.runtime.segment_runners.SegmentRunner` around the original forward:
+non-reentrant ``torch.utils.checkpoint`` with the RNG state preserved and the module's buffers put
+back after the recompute (NOTE [Segment runners]). Shallow copies share every parameter, buffer and
+untouched submodule, so the planned module has the original's call signature and ``state_dict()``
+keys, and the original keeps running without checkpoints. The runner gets the call's arguments
+flattened (keyword arguments and tensors inside dicts included), so backward attributes every
+autograd node to the right segment. Links recomputed one by one keep every input, which in a chain
+of ``Linear`` layers is everything they save; so the chain is also cut into *spans*, runs of
+consecutive links that may be recomputed as one (the cuts of NOTE [Cut points] over the links, each
+link weighing its held bytes and each cut its input bytes), which the solver offers as the fx path's
+regions (NOTE [Module spans]; built by :mod:`autockpt.planner.runtime.planned_chain`).
+``use_gradient_checkpointing=True`` recomputes the spans when that peaks lower than the links one by
+one.
 
-*Measuring it.* The fake copy is the planner's usual fake model, and the step measurements are
-those of :mod:`autockpt.planner.measure.fake_step`: same tracker, same per-segment attribution, same chain
-model, same final measurement of the chosen plan. A forward that reads tensor values cannot
-run on fake tensors; then the model is measured on a real deep copy at the example inputs
-(same accounting, but a real step's memory and time, on the device of the model: the unplanned
-step must fit there once).
+*Measuring it.* The fake copy is the planner's usual fake model, and the step measurements are those
+of :mod:`autockpt.planner.measure.fake_step`: same tracker, same per-segment attribution, same chain
+model, same final measurement of the chosen plan. A forward that reads tensor values cannot run on
+fake tensors; then the model is measured on a real deep copy at the example inputs (same accounting,
+but a real step's memory and time, on the device of the model: the unplanned step must fit there
+once).
 
 *Splitting the batch.* Micro-batches cut the model's inputs, not a module's arguments: every
 tensor whose dim 0 is the batch, inside tuples, lists and dicts too
@@ -94,8 +93,8 @@ DESCEND_SHARE, COVERED_SHARE = 1 / 3, 0.5
 class ModuleChain:
     """A model's chain of module-level segments (NOTE [Module chain]).
 
-    It has the attributes of :class:`~autockpt.planner.trace.fx_graph.TracedModel` the planner reads, so
-    measurement and solving run unchanged.
+    It has the attributes of :class:`~autockpt.planner.trace.fx_graph.TracedModel` the planner
+    reads, so measurement and solving run unchanged.
 
     Attributes:
         segments: one per link, in call order; ``module_paths`` holds the module's path.
@@ -119,7 +118,8 @@ class ModuleChain:
 def trace_or_find_modules(
     model: torch.nn.Module, example_inputs: Sequence[Any], *, tracing: Tracing = "auto"
 ) -> TracedModel | ModuleChain:
-    """The fx chain of :func:`~autockpt.planner.trace.fx_graph.trace_model`, or the module chain when fx fails.
+    """The fx chain of :func:`~autockpt.planner.trace.fx_graph.trace_model`, or the module chain
+    when fx fails.
 
     Falling back warns (the message is also ``ModuleChain.note``), and so does keeping a
     submodule fx cannot trace whole (the message is also in ``TracedModel.notes``); a large one

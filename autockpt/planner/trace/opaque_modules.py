@@ -1,17 +1,17 @@
 """Submodules torch.fx cannot trace: how much of the step they hold, and what to do about them.
 
 NOTE [Opaque submodules]
-:func:`~autockpt.planner.trace.fx_graph.trace_graph` keeps a submodule fx cannot trace whole (one node
-of the graph) and traces the rest. That costs only the cuts inside it when it is small (a
-``TransformerEncoderLayer``, whose fast-path checks do not trace, among many), but when it is
-most of the model (a thin wrapper around a Hugging Face model) the fx chain has one or two
-segments, and the plan can only recompute all of it at once. So an opaque submodule is never
-kept silently: each is named, with fx's reason, in a warning and in the plan's notes, with its
-*share*: the bytes its calls leave alive for backward (what they save and return) over the
-whole forward's, measured with forward hooks on a fake copy (no real memory). When one holds
-more than ``LARGE_SHARE`` of the forward, the whole model is planned with the module chain
-instead (NOTE [Module chain]), which looks inside the modules that hold the memory: a wrapped
-model is then planned as finely as the unwrapped one. Otherwise the fx chain is kept.
+:func:`~autockpt.planner.trace.fx_graph.trace_graph` keeps a submodule fx cannot trace whole (one
+node of the graph) and traces the rest. That costs only the cuts inside it when it is small (a
+``TransformerEncoderLayer``, whose fast-path checks do not trace, among many), but when it is most
+of the model (a thin wrapper around a Hugging Face model) the fx chain has one or two segments, and
+the plan can only recompute all of it at once. So an opaque submodule is never kept silently: each
+is named, with fx's reason, in a warning and in the plan's notes, with its *share*: the bytes its
+calls leave alive for backward (what they save and return) over the whole forward's, measured with
+forward hooks on a fake copy (no real memory). When one holds more than ``LARGE_SHARE`` of the
+forward, the whole model is planned with the module chain instead (NOTE [Module chain]), which looks
+inside the modules that hold the memory: a wrapped model is then planned as finely as the unwrapped
+one. Otherwise the fx chain is kept.
 """
 
 from __future__ import annotations
