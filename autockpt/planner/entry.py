@@ -18,7 +18,6 @@ from autockpt.errors import InfeasibleBudgetError
 from autockpt.planner.core.host_settings import cyclic_gc_paused, one_cpu_thread
 from autockpt.planner.core.train_eval import training_mode
 from autockpt.planner.core.units import Budget, format_bytes, parse_budget
-from autockpt.planner.measure.fake_step import LossFn, OptimizerSpec
 from autockpt.planner.measure.sharding import (
     Parallelism,
     RankShare,
@@ -26,6 +25,7 @@ from autockpt.planner.measure.sharding import (
     parameter_layouts,
     rank_share,
 )
+from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.pipeline import device_reserve, plan_one_process
 from autockpt.planner.plan_types import Plan
 from autockpt.planner.trace.module_chain import Tracing

@@ -54,14 +54,9 @@ import torch
 from autockpt.planner.core.batch_split import batch_size_of, split_batch
 from autockpt.planner.core.memory_tracker import RealSizeOracle
 from autockpt.planner.core.units import Budget, format_bytes
-from autockpt.planner.measure.fake_step import (
-    FakeTrainingState,
-    LossFn,
-    OptimizerSpec,
-    StepProfile,
-    profile_step,
-)
+from autockpt.planner.measure.fake_step import FakeTrainingState, profile_step
 from autockpt.planner.measure.separability import Separability, analyse_separability
+from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec, StepProfile
 from autockpt.planner.plan_types import Plan, Strategy
 from autockpt.planner.report_rows import decision_extra_s, peak_breakdown, segment_rows
 from autockpt.planner.runtime.segment_runners import KEEP, SegmentAction

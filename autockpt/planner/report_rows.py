@@ -3,7 +3,7 @@ adds, and the breakdown of its peak."""
 
 from __future__ import annotations
 
-from autockpt.planner.measure.fake_step import StepProfile
+from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.plan_types import PeakBreakdown, SegmentPlan
 from autockpt.planner.runtime.segment_runners import SegmentAction
 from autockpt.planner.solve.chain_builder import ChainBuilder, Decision, Profiles

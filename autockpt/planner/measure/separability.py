@@ -45,7 +45,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from autockpt.planner.core.batch_split import batch_size_of, take_samples
 from autockpt.planner.core.fixed_randomness import FixedRandomness
 from autockpt.planner.core.host_settings import one_cpu_thread
-from autockpt.planner.measure.fake_step import LossFn, default_loss
+from autockpt.planner.measure.fake_step import default_loss
 from autockpt.planner.measure.mixing_op import first_mixing_call, first_mixing_node
 from autockpt.planner.measure.per_sample_probe import (
     PROBE_BATCHES,
@@ -55,6 +55,7 @@ from autockpt.planner.measure.per_sample_probe import (
     sample_of,
     tensors_in,
 )
+from autockpt.planner.measure.step_profile import LossFn
 from autockpt.planner.runtime.segment_runners import KEEP, build_segmented_module
 from autockpt.planner.trace.fx_graph import Segment, TracedModel
 from autockpt.planner.trace.module_chain import ModuleChain

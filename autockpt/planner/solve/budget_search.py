@@ -15,8 +15,8 @@ from typing import Any
 
 from autockpt.errors import InfeasibleBudgetError
 from autockpt.planner.core.units import Budget
-from autockpt.planner.measure.fake_step import StepProfile
 from autockpt.planner.measure.separability import Separability
+from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.solve.chain_builder import ChainBuilder, Decision, Profiles
 from autockpt.planner.solve.chain_solver import Chain, Solution, minimum_peak, solve
 from autockpt.planner.solve.chain_terms import micro_batch_counts

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from autockpt.planner.measure.fake_step import StepProfile
 from autockpt.planner.measure.separability import Separability
+from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.runtime.segment_runners import KEEP, SegmentAction
 from autockpt.planner.runtime.selective_recompute import SELECTIVE
 from autockpt.planner.solve.chain_solver import Chain, Option, Solution

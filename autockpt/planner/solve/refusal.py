@@ -24,8 +24,8 @@ import math
 
 from autockpt.errors import InfeasibleBudgetError
 from autockpt.planner.core.units import Budget, format_bytes
-from autockpt.planner.measure.fake_step import StepProfile
 from autockpt.planner.measure.separability import Separability
+from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.solve.chain_builder import Decision
 
 

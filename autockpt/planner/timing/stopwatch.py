@@ -58,7 +58,8 @@ import torch
 
 from autockpt.planner.core.batch_split import batch_size_of, split_batch
 from autockpt.planner.core.memory_tracker import flat_tensors
-from autockpt.planner.measure.fake_step import LossFn, OptimizerSpec, default_loss, make_optimizer
+from autockpt.planner.measure.fake_step import default_loss, make_optimizer
+from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.runtime.segment_runners import (
     KEEP,
     SegmentAction,

@@ -58,7 +58,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autockpt.planner.measure.fake_step import StepProfile
+from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.timing.stopwatch import Stopwatch
 
 _T = TypeVar("_T")

@@ -12,7 +12,8 @@ from torch import nn
 
 import autockpt
 from autockpt.planner import pipeline
-from autockpt.planner.measure.fake_step import FakeTrainingState, StepProfile, profile_step
+from autockpt.planner.measure.fake_step import FakeTrainingState, profile_step
+from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.runtime.segment_runners import KEEP
 from autockpt.planner.solve.whole_plan_timing import StepRunner
 from autockpt.planner.timing.stopwatch import StepTimes, Stopwatch
