@@ -31,7 +31,8 @@ import autockpt
 from autockpt.planner.measure.fake_step import FakeTrainingState, profile_step
 from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.runtime.segment_runners import KEEP, SegmentAction
-from autockpt.planner.solve.chain_builder import ChainBuilder, Profiles, unit_segments
+from autockpt.planner.solve.chain_builder import ChainBuilder
+from autockpt.planner.solve.chain_positions import Profiles, unit_segments
 from autockpt.planner.solve.chain_solver import minimum_peak
 from autockpt.planner.timing.time_model import EstimatedCosts, TimeModel
 from autockpt.planner.trace.fx_graph import Segment, TracedModel, trace_model

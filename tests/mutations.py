@@ -259,9 +259,9 @@ MUTATIONS = (
     Mutation(
         "whole-plan-timing-ignored",
         "the plans that fit are timed whole, but the solver's estimate still picks the plan",
-        "autockpt/planner/pipeline.py",
-        "                found, timed_extra_s = (timed.decision, timed.profile), timed.extra_s",
-        "                timed_extra_s = timed.extra_s",
+        "autockpt/planner/solve/staged_search.py",
+        "        return (timed.decision, timed.profile), timed.extra_s",
+        "        return found, timed.extra_s",
         (
             "tests/planner/solve/test_whole_plan_timing.py::"
             "test_the_fastest_plan_timed_whole_is_chosen_and_predicted",
@@ -303,7 +303,7 @@ MUTATIONS = (
     Mutation(
         "stage-stop-on-sums",
         "a stage's fit ends the search on the solver's sums, the plan timed whole overruled",
-        "autockpt/planner/pipeline.py",
+        "autockpt/planner/solve/staged_search.py",
         "                if stage_timed.extra_s <= WIDEN_PAST_SHARE * plain_s:",
         "                if True:",
         (
@@ -392,8 +392,8 @@ MUTATIONS = (
         "selective-never-offered",
         "the chain never offers a selective recompute",
         "autockpt/planner/solve/chain_builder.py",
-        "            if s_terms is not None and index in self.selective:",
-        "            if False:",
+        "        if s_terms is not None and index in self.selective:",
+        "        if False:",
         (
             "tests/planner/runtime/test_selective_recompute.py::"
             "test_the_planner_recomputes_cheap_ops_where_that_fits_and_the_peak_holds",

@@ -148,43 +148,20 @@ def plan(
             "(NOTE [Modes and the traced graph])",
             stacklevel=2,
         )
+    options = dict(
+        loss_fn=loss_fn,
+        example_targets=example_targets,
+        optimizer=optimizer,
+        device=resolved_device,
+        use_gradient_checkpointing=use_gradient_checkpointing,
+        allow_micro_batches=allow_micro_batches,
+        allow_chunks=allow_chunks,
+        autocast_dtype=autocast_dtype,
+        tracing=tracing,
+        gradients_live=gradients_live,
+    )
     for _ in range(MAX_VERIFY_ROUNDS):
-        # Calibration and probes draw random numbers; the caller's RNG stream must not move.
-        # The step is measured as it trains, whatever mode the model is in.
-        with (
-            torch.random.fork_rng(devices=rng_devices),
-            cyclic_gc_paused(),
-            one_cpu_thread() as cpu_threads,
-            training_mode(model),
-        ):
-            result = _per_rank(
-                _plan_shifted(
-                    model,
-                    example_inputs,
-                    target,
-                    loss_fn=loss_fn,
-                    example_targets=example_targets,
-                    optimizer=optimizer,
-                    device=resolved_device,
-                    use_gradient_checkpointing=use_gradient_checkpointing,
-                    allow_micro_batches=allow_micro_batches,
-                    allow_chunks=allow_chunks,
-                    autocast_dtype=autocast_dtype,
-                    cpu_threads=cpu_threads,
-                    tracing=tracing,
-                    gradients_live=gradients_live,
-                    share=share,
-                ),
-                share,
-            )
-        result = result.model_copy(
-            update={
-                "budget_bytes": read.bytes,
-                "budget_text": read.text,
-                "budget_reading": read.reading,
-                "fits": result.predicted_peak_bytes <= read.bytes,
-            }
-        )
+        result = _plan_round(model, example_inputs, target, read, share, rng_devices, options)
         if not verify or use_gradient_checkpointing is not None:
             return result.model_copy(update={"notes": [*notes, *result.notes]})
         check = verify_plan(
@@ -212,6 +189,41 @@ def plan(
         "after re-planning; raise the budget or lower the batch size",
         budget_bytes=read.bytes,
         minimum_bytes=read.bytes,
+    )
+
+
+def _plan_round(
+    model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    target: Budget,
+    read: Budget,
+    share: RankShare,
+    rng_devices: list[int],
+    options: dict[str, Any],
+) -> Plan:
+    """One rank's plan against ``target`` (the budget ``read``, lowered after a verify round
+    went over), reported against ``read``."""
+    # Calibration and probes draw random numbers; the caller's RNG stream must not move.
+    # The step is measured as it trains, whatever mode the model is in.
+    with (
+        torch.random.fork_rng(devices=rng_devices),
+        cyclic_gc_paused(),
+        one_cpu_thread() as cpu_threads,
+        training_mode(model),
+    ):
+        result = _per_rank(
+            _plan_shifted(
+                model, example_inputs, target, share=share, cpu_threads=cpu_threads, **options
+            ),
+            share,
+        )
+    return result.model_copy(
+        update={
+            "budget_bytes": read.bytes,
+            "budget_text": read.text,
+            "budget_reading": read.reading,
+            "fits": result.predicted_peak_bytes <= read.bytes,
+        }
     )
 
 

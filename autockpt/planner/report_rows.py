@@ -1,23 +1,15 @@
-"""What a Plan reports from the decision the planner made: its segment rows, the seconds it
-adds, and the breakdown of its peak."""
+"""What a Plan reports from the decision the planner made: its segment rows and the
+breakdown of its peak (the seconds it adds: :mod:`autockpt.planner.solve.option_pricing`)."""
 
 from __future__ import annotations
 
 from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.plan_types import PeakBreakdown, SegmentPlan
-from autockpt.planner.runtime.segment_runners import SegmentAction
-from autockpt.planner.solve.chain_builder import ChainBuilder, Decision, Profiles
+from autockpt.planner.solve.chain_builder import ChainBuilder
+from autockpt.planner.solve.chain_decoding import Decision
+from autockpt.planner.solve.chain_positions import Profiles
 from autockpt.planner.solve.chain_terms import kept_increments
-from autockpt.planner.timing.time_model import StepCosts, timed_s
-
-
-def decision_extra_s(builder: ChainBuilder, decision: Decision) -> float:
-    """The seconds ``decision`` adds to the step, as the costs know them now."""
-    extra_s = builder.micro_batch_s(decision.num_micro_batches)
-    for action, (first, end) in zip(decision.actions, decision.spans, strict=True):
-        if action.recompute:
-            extra_s += recompute_s_of(builder.costs, first, end, action, decision)
-    return extra_s
+from autockpt.planner.solve.option_pricing import recompute_s_of
 
 
 def segment_rows(builder: ChainBuilder, whole: Profiles, decision: Decision) -> list[SegmentPlan]:
@@ -35,7 +27,7 @@ def segment_rows(builder: ChainBuilder, whole: Profiles, decision: Decision) -> 
                 inputs=list(segment.input_names),
                 outputs=list(segment.output_names),
                 saved_bytes=max(sum(kept_terms[first:end]), 0),
-                boundary_bytes=builder.boundary_bytes(whole, first, end),
+                boundary_bytes=builder.positions.boundary_bytes(whole, first, end),
                 recompute_s=recompute_s_of(builder.costs, first, end, action, decision),
                 recomputed=action.recompute,
                 num_chunks=action.num_chunks,
@@ -46,25 +38,6 @@ def segment_rows(builder: ChainBuilder, whole: Profiles, decision: Decision) -> 
             )
         )
     return plans
-
-
-def recompute_s_of(
-    costs: StepCosts, first: int, end: int, action: SegmentAction, decision: Decision
-) -> float:
-    """What the run's action adds to a step, timed where it can be; for a kept run, what a
-    plain recompute of it would add (NOTE [Timed options])."""
-    if not action.recompute:
-        return costs.recompute_s(first, end).seconds
-    chunked = action.num_chunks > 1
-    return timed_s(
-        costs,
-        first,
-        end,
-        chunks=action.num_chunks,
-        pieces=decision.num_micro_batches,
-        input_batch_dims=action.input_batch_dims if chunked else None,
-        selective=action.selective,
-    )
 
 
 def peak_breakdown(profile: StepProfile, context_bytes: int, headroom_bytes: int) -> PeakBreakdown:

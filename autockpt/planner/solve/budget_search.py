@@ -17,7 +17,9 @@ from autockpt.errors import InfeasibleBudgetError
 from autockpt.planner.core.units import Budget
 from autockpt.planner.measure.separability import Separability
 from autockpt.planner.measure.step_profile import StepProfile
-from autockpt.planner.solve.chain_builder import ChainBuilder, Decision, Profiles
+from autockpt.planner.solve.chain_builder import ChainBuilder
+from autockpt.planner.solve.chain_decoding import Decision, decode, kept_decision
+from autockpt.planner.solve.chain_positions import Profiles
 from autockpt.planner.solve.chain_solver import Chain, Solution, minimum_peak, solve
 from autockpt.planner.solve.chain_terms import micro_batch_counts
 from autockpt.planner.solve.refusal import infeasible_error
@@ -60,6 +62,9 @@ class BudgetSearch:
             self._measured[key] = self._measure(decision)
         return self._measured[key]
 
+    def _decode(self, chain: Chain, solution: Solution, num_micro_batches: int) -> Decision:
+        return decode(self.builder.positions, chain, solution, self.separability, num_micro_batches)
+
     def chains(self) -> list[tuple[int, Chain]]:
         counts = micro_batch_counts(self.batch_size, self.half is not None)
         return [
@@ -76,8 +81,8 @@ class BudgetSearch:
                 return None
             _, count, chain, solution = ranked[0]
             last_round = timing_round == MAX_TIMING_ROUNDS - 1
-            if last_round or not self.builder.time_choice(chain, solution, count):
-                return self.builder.decode(chain, solution, self.separability, count)
+            if last_round or not self.builder.pricing.time_choice(chain, solution, count):
+                return self._decode(chain, solution, count)
         raise AssertionError("unreachable: the last round returns")
 
     def fit(self, usable_bytes: int, notes: list[str]) -> tuple[Decision, StepProfile] | None:
@@ -110,7 +115,7 @@ class BudgetSearch:
         found = [chosen]
         seen = {_key(chosen[0])}
         for _, count, chain, solution in self._ranked_solutions(usable_bytes):
-            decision = self.builder.decode(chain, solution, self.separability, count)
+            decision = self._decode(chain, solution, count)
             if len(found) >= limit or _key(decision) in seen:
                 continue
             seen.add(_key(decision))
@@ -126,7 +131,7 @@ class BudgetSearch:
         for count, chain in self.chains():
             solution = solve(chain, budget_bytes)
             if solution is not None:
-                total = solution.extra_s + self.builder.micro_batch_s(count)
+                total = solution.extra_s + self.builder.pricing.micro_batch_s(count)
                 ranked.append((total, count, chain, solution))
         return sorted(ranked, key=lambda r: r[0])
 
@@ -138,7 +143,7 @@ class BudgetSearch:
         the chain model's own minimum can be optimistic, or pessimistic. The plain step is a
         candidate too: where recompute and chunks add more than they save (parameters dominate,
         in-place writes forbid the cuts that would help), nothing lower exists."""
-        for lowest in [self.builder.kept_decision(), *self.lowest_peak_decisions()]:
+        for lowest in [kept_decision(self.builder.traced), *self.lowest_peak_decisions()]:
             candidate = self.measure(lowest)
             if (
                 self.lowest_measured_bytes is None
@@ -152,10 +157,7 @@ class BudgetSearch:
         return None
 
     def lowest_peak_decisions(self) -> list[Decision]:
-        return [
-            self.builder.decode(chain, minimum_peak(chain), self.separability, count)
-            for count, chain in self.chains()
-        ]
+        return [self._decode(chain, minimum_peak(chain), count) for count, chain in self.chains()]
 
     def minimum_peak_bytes(self) -> int:
         return min(minimum_peak(chain).peak_bytes for _, chain in self.chains())

@@ -43,7 +43,7 @@ import torch
 from autockpt.planner.core.batch_split import split_batch
 from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.runtime.segment_runners import build_segmented_module
-from autockpt.planner.solve.chain_builder import Decision
+from autockpt.planner.solve.chain_decoding import Decision
 from autockpt.planner.timing.stopwatch import Stopwatch
 
 #: Plans timed whole at most (NOTE [Whole-plan timing]).

@@ -148,14 +148,14 @@ def trace_or_find_modules(
                 return traced
             descend, why = weigh_opaque(model, example_inputs, traced)
             if not descend:  # NOTE [Opaque submodules]
-                warnings.warn(why, stacklevel=4)
+                warnings.warn(why, stacklevel=5)
                 return dataclasses.replace(traced, notes=(*traced.notes, why))
         except TraceError as error:
             why = f"torch.fx cannot trace {name} ({_one_line(error.__cause__ or error)})"
     else:
         why = f"{name} takes a dict or another nest of tensors, which the torch.fx planner does not"
     chain = find_module_chain(model, example_inputs, why=why)
-    warnings.warn(chain.note, stacklevel=4)
+    warnings.warn(chain.note, stacklevel=5)
     return chain
 
 

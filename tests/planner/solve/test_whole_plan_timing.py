@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import autockpt
-from autockpt.planner.solve.chain_builder import Decision
+from autockpt.planner.solve.chain_decoding import Decision
 from autockpt.planner.solve.whole_plan_timing import MAX_CANDIDATES, StepRunner
 from tests.oracle import measured_step
 from tests.planner.fake_times import mlp_with_fake_times
