@@ -50,9 +50,9 @@ import contextlib
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
@@ -66,17 +66,19 @@ from autockpt.planner.runtime.segment_runners import (
     SegmentRunner,
     build_segmented_module,
 )
+from autockpt.planner.timing.segment_clock import (
+    Captured,
+    NoObserver,
+    SegmentClock,
+    captured,
+    first_samples,
+)
+from autockpt.planner.timing.timed_runs import TimedRuns, median, seconds
 from autockpt.planner.trace.fx_graph import TracedModel
 
-#: A run shorter than this is repeated (NOTE [Measured step time]).
-REPEAT_BELOW_S = 0.05
-#: At most this many runs of one measurement.
-MAX_REPEATS = 3
 #: The plain step is timed again while its last run took under this share of the one before,
 #: up to ``MAX_SETTLING_RUNS`` runs in all (NOTE [Measured step time]).
 SETTLED_SHARE, MAX_SETTLING_RUNS = 0.9, 6
-
-_R = TypeVar("_R")
 
 
 @dataclass(frozen=True)
@@ -144,22 +146,28 @@ class Stopwatch:
         self.targets = list(example_targets)
         self.loss_fn = loss_fn or default_loss
         self.optimizer = optimizer
-        self.autocast_dtype = autocast_dtype
-        self.threads = max(threads, 1)
         self.batch_size = batch_size_of(self.inputs) or 1
         module = traced.graph_module
+        self.runs = TimedRuns(list(module.buffers()), threads, autocast_dtype)
         self.parameters = [p for p in module.parameters() if p.requires_grad]
-        self._buffers = list(module.buffers())
         self._steps: dict[int, StepTimes] = {}
         self._pieces: dict[tuple[int, int, int], float] = {}
         self._optimizer_s: float | None = None
         # The inputs of every region, as the whole-batch plain step computed them.
-        self._region_inputs: dict[int, tuple[_Captured, ...]] = {}
+        self._region_inputs: dict[int, tuple[Captured, ...]] = {}
         self._region_runners: dict[int, SegmentRunner] = {}
-        self._clock = _SegmentClock([s.output_names for s in traced.segments])
+        self._clock = SegmentClock([s.output_names for s in traced.segments])
         self._plain: torch.nn.Module | None = None
-        #: Seconds spent in timed runs so far (repeats included).
-        self.spent_s = 0.0
+
+    @property
+    def threads(self) -> int:
+        """Torch CPU threads the runs are timed with."""
+        return self.runs.threads
+
+    @property
+    def spent_s(self) -> float:
+        """Seconds spent in timed runs so far (repeats included)."""
+        return self.runs.spent_s
 
     def plain_step(self, pieces: int = 1) -> StepTimes:
         """The plain step of the largest of ``pieces`` micro-batches, timed segment by segment."""
@@ -175,14 +183,14 @@ class Stopwatch:
             def step() -> StepTimes:
                 return self._time_step(inputs, targets, capture=capture)
 
-            runs = self._repeated(step, at_least=2)
+            runs = self.runs.repeated(step, at_least=2)
             first_runs = len(runs)
             while len(runs) < MAX_SETTLING_RUNS and (
                 runs[-1].total_s < SETTLED_SHARE * runs[-2].total_s
             ):
-                runs += self._repeated(step)
+                runs += self.runs.repeated(step)
             settled = runs if len(runs) == first_runs else runs[-2:]
-            self._steps[pieces] = _median(settled, key=lambda times: times.total_s)
+            self._steps[pieces] = median(settled, key=lambda times: times.total_s)
         return self._steps[pieces]
 
     def optimizer_s(self) -> float:
@@ -195,11 +203,11 @@ class Stopwatch:
             else:
                 for copy in copies:
                     copy.grad = torch.zeros_like(copy)
-                with self._timing_threads(), warnings.catch_warnings():
+                with self.runs.training_threads(), warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     optimizer.step()  # makes its state, as an earlier training step has
-                    runs = self._repeated(lambda: _seconds(optimizer.step))
-                    self._optimizer_s = _median(runs, key=float)
+                    runs = self.runs.repeated(lambda: seconds(optimizer.step))
+                    self._optimizer_s = median(runs, key=float)
         return self._optimizer_s
 
     def region_piece_s(
@@ -218,28 +226,13 @@ class Stopwatch:
             inputs = self._region_inputs[region]
             if samples < self.batch_size:
                 inputs = tuple(
-                    _Captured(
-                        _first_samples(c.value, dim, samples, self.batch_size), c.requires_grad
-                    )
+                    Captured(first_samples(c.value, dim, samples, self.batch_size), c.requires_grad)
                     for c, dim in zip(inputs, input_batch_dims, strict=True)
                 )
             runner = self._runner(region)
-            runs = self._repeated(lambda: self._time_piece(runner, inputs))
-            self._pieces[key] = _median(runs, key=float)
+            runs = self.runs.repeated(lambda: self._time_piece(runner, inputs))
+            self._pieces[key] = median(runs, key=float)
         return self._pieces[key]
-
-    def _repeated(self, run: Callable[[], _R], *, at_least: int = 1) -> list[_R]:
-        results: list[_R] = []
-        spent = 0.0
-        while len(results) < max(MAX_REPEATS, at_least) and (
-            len(results) < at_least or spent < REPEAT_BELOW_S
-        ):
-            started = time.perf_counter()
-            with self._buffers_put_back():
-                results.append(run())
-            spent += time.perf_counter() - started
-        self.spent_s += spent
-        return results
 
     def _time_step(self, inputs: list[Any], targets: list[Any], *, capture: bool) -> StepTimes:
         if self._plain is None:
@@ -250,9 +243,9 @@ class Stopwatch:
         clock = self._clock
         wanted = self._wanted_names() if capture else {}
         clock.start(wanted, self._placeholder_values(inputs) if capture else {})
-        with self._timing_threads():
+        with self.runs.training_threads():
             started = time.perf_counter()
-            with self.autocast():
+            with self.runs.autocast():
                 output = self._plain(*inputs)
                 loss = self.loss_fn(output, *targets)
             del output
@@ -262,7 +255,7 @@ class Stopwatch:
             finished = time.perf_counter()
         if capture:
             self._region_inputs = {
-                region: tuple(_captured(clock.values, name) for name in names)
+                region: tuple(captured(clock.values, name) for name in names)
                 for region, names in wanted.items()
             }
         forward_s = tuple(clock.forward_s)
@@ -273,25 +266,24 @@ class Stopwatch:
     def _wanted_names(self) -> dict[int, tuple[str, ...]]:
         return {i: s.input_names for i, s in enumerate(self.traced.region_segments)}
 
-    def _placeholder_values(self, inputs: list[Any]) -> dict[str, _Captured]:
+    def _placeholder_values(self, inputs: list[Any]) -> dict[str, Captured]:
         # A placeholder past the inputs given runs with its default (a keyword argument such
         # as ``scale=0.5``): the graph's call does the same.
         graph = self.traced.graph_module.graph
         placeholders = [node for node in graph.nodes if node.op == "placeholder"]
         values = {
-            node.name: _Captured.of(value)
-            for node, value in zip(placeholders, inputs, strict=False)
+            node.name: Captured.of(value) for node, value in zip(placeholders, inputs, strict=False)
         }
         for node in placeholders[len(inputs) :]:
             if node.args:
-                values[node.name] = _Captured.of(node.args[0])
+                values[node.name] = Captured.of(node.args[0])
         return values
 
     def _runner(self, region: int) -> SegmentRunner:
         if region not in self._region_runners:
             regions = self.traced.region_segments
             module = build_segmented_module(
-                self.traced.graph_module, regions, [KEEP] * len(regions), observer=_NoObserver()
+                self.traced.graph_module, regions, [KEEP] * len(regions), observer=NoObserver()
             )
             for node in module.graph.nodes:
                 target = node.target
@@ -305,12 +297,12 @@ class Stopwatch:
                     )
         return self._region_runners[region]
 
-    def _time_piece(self, runner: SegmentRunner, inputs: tuple[_Captured, ...]) -> float:
+    def _time_piece(self, runner: SegmentRunner, inputs: tuple[Captured, ...]) -> float:
         leaves = [captured.leaf() for captured in inputs]
         wrt = [v for v in leaves if isinstance(v, torch.Tensor) and v.requires_grad]
-        with self._timing_threads():
+        with self.runs.training_threads():
             started = time.perf_counter()
-            with self.autocast():
+            with self.runs.autocast():
                 outputs = [t for t in flat_tensors(runner(*leaves)) if t.requires_grad]
             if outputs:
                 torch.autograd.grad(
@@ -324,133 +316,9 @@ class Stopwatch:
     @contextlib.contextmanager
     def isolated(self) -> Iterator[None]:
         """Training's thread count, and the buffers a forward updates put back afterwards."""
-        with self._timing_threads(), self._buffers_put_back():
+        with self.runs.isolated():
             yield
-
-    @contextlib.contextmanager
-    def _timing_threads(self) -> Iterator[None]:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(threads)
-
-    @contextlib.contextmanager
-    def _buffers_put_back(self) -> Iterator[None]:
-        saved = [buffer.detach().clone() for buffer in self._buffers]
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for buffer, value in zip(self._buffers, saved, strict=True):
-                    buffer.copy_(value)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The autocast the step runs under (none without an autocast dtype)."""
-        return torch.autocast(
-            "cpu", dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
-        )
-
-
-class _SegmentClock:
-    """Timestamps of the segments of one plain step, and the region inputs it captures."""
-
-    def __init__(self, output_names: Sequence[tuple[str, ...]]) -> None:
-        self._output_names = list(output_names)
-        self.forward_s = [0.0] * len(output_names)
-        self._started = 0.0
-        self._entries: list[tuple[float, int]] = []
-        self._wanted: set[str] = set()
-        self.values: dict[str, _Captured] = {}
-
-    def start(self, wanted: dict[int, tuple[str, ...]], placeholders: dict[str, _Captured]) -> None:
-        """Forget the last run; capture the values named in ``wanted`` in this one."""
-        self.forward_s = [0.0] * len(self._output_names)
-        self._entries = []
-        self._wanted = {name for names in wanted.values() for name in names}
-        self.values = {k: v for k, v in placeholders.items() if k in self._wanted}
-
-    def segment_started(self, index: int) -> None:
-        self._started = time.perf_counter()
-
-    def segment_finished(self, index: int, inputs: tuple[Any, ...], outputs: Any) -> None:
-        self.forward_s[index] += time.perf_counter() - self._started
-        nodes = {id(t.grad_fn): t.grad_fn for t in flat_tensors(outputs) if t.grad_fn is not None}
-        for node in nodes.values():
-            node.register_prehook(
-                lambda *_, i=index: self._entries.append((time.perf_counter(), i))
-            )
-        if self._wanted:
-            self._keep_wanted(index, outputs)
-
-    def _keep_wanted(self, index: int, outputs: Any) -> None:
-        values = outputs if isinstance(outputs, tuple) else (outputs,)
-        for name, value in zip(self._output_names[index], values, strict=False):
-            if name in self._wanted:
-                self.values[name] = _Captured.of(value)
-
-    def backward_seconds(self, started: float, finished: float) -> tuple[float, ...]:
-        """Each segment's backward: from one of its outputs' nodes to the next segment's."""
-        seconds = [0.0] * len(self.forward_s)
-        entries = sorted(self._entries)
-        for (at, index), (until, _) in zip(entries, [*entries[1:], (finished, -1)], strict=True):
-            seconds[index] += until - max(at, started)
-        return tuple(seconds)
-
-
-class _NoObserver:
-    """Makes :func:`build_segmented_module` give every segment a runner."""
-
-    def segment_started(self, index: int) -> None:
-        return None
-
-    def segment_finished(self, index: int, inputs: tuple[Any, ...], outputs: Any) -> None:
-        return None
-
-
-def _median(runs: list[_R], *, key: Callable[[_R], float]) -> _R:
-    """The middle run by ``key``; of two, the faster (the other is the cold first one)."""
-    return sorted(runs, key=key)[(len(runs) - 1) // 2]
-
-
-def _seconds(work: Callable[[], Any]) -> float:
-    started = time.perf_counter()
-    work()
-    return time.perf_counter() - started
-
-
-@dataclass(frozen=True)
-class _Captured:
-    """A value the plain step computed, detached, and whether it needed a gradient there."""
-
-    value: Any
-    requires_grad: bool
-
-    @classmethod
-    def of(cls, value: Any) -> _Captured:
-        if isinstance(value, torch.Tensor):
-            return cls(value.detach(), value.requires_grad)
-        return cls(value, False)
-
-    def leaf(self) -> Any:
-        """The value as an input of a timed run: a fresh leaf where it needed a gradient."""
-        if isinstance(self.value, torch.Tensor) and self.requires_grad:
-            return self.value.detach().requires_grad_()
-        return self.value
-
-
-def _captured(values: dict[str, _Captured], name: str) -> _Captured:
-    """The value the plain step gave ``name``; a region input it never saw cannot be timed
-    (a guess such as ``None`` would time a run that fails, or a different one)."""
-    if name not in values:
-        raise LookupError(f"the plain step never computed the region input {name}")
-    return values[name]
-
-
-def _first_samples(value: Any, dim: int | None, samples: int, batch_size: int) -> Any:
-    """The first ``samples`` samples of ``value`` along ``dim`` (rows per sample kept)."""
-    if dim is None or not isinstance(value, torch.Tensor):
-        return value
-    rows = value.shape[dim] // batch_size
-    return value.narrow(dim, 0, samples * rows)
+        return self.runs.autocast()
