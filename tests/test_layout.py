@@ -3,6 +3,9 @@
 The planner is a library: it must not import the training application, the command line or
 the bundled model, and must not print or write files. Nothing in ``autockpt/`` or ``tft/`` may
 import in a circle, counting imports inside functions too (they hide circles, not remove them).
+The planner's top keeps what a user imports; its stage sub-packages import one another in the
+pipeline's order only, hold a sitting's worth of modules each, and no planner function runs
+over a screen.
 """
 
 from __future__ import annotations
@@ -16,6 +19,16 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("autockpt", "tft")
 #: A module a newcomer reads in one sitting (the house rule says "about 450 lines").
 MAX_MODULE_LINES = 460
+PLANNER = "autockpt.planner"
+#: The planner's stage sub-packages, in the order they may import one another: each imports
+#: only those before it, and none imports the planner's top (which imports them all).
+STAGES = ("core", "trace", "runtime", "measure", "timing", "solve")
+#: Modules at the planner's top: what a user imports (plan(), the Plan types, apply,
+#: training_step, verification) and planning's pipeline.
+MAX_TOP_MODULES = 8
+MAX_STAGE_MODULES = 12
+#: A function in one screen: lines of code, docstrings, comments and blank lines not counted.
+MAX_FUNCTION_LINES = 100
 
 
 def module_name(path: Path) -> str:
@@ -156,3 +169,130 @@ def test_module_reads_in_one_sitting(name: str) -> None:
     assert num_lines <= MAX_MODULE_LINES, f"{path.relative_to(REPO)} has {num_lines} lines"
     if num_lines > 10:
         assert ast.get_docstring(ast.parse(path.read_text())), f"{name} says not what it is for"
+
+
+def stage_of(module: str) -> str | None:
+    """The stage sub-package of a planner module; ``None`` for the planner's top."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 or (len(parts) == 3 and parts[2] in STAGES) else None
+
+
+def stage_order_offenders(graph: dict[str, set[str]]) -> list[str]:
+    """Imports between planner modules that run against the stage order."""
+    offenders = []
+    for name, edges in graph.items():
+        if not name.startswith(PLANNER + ".") or (stage := stage_of(name)) is None:
+            continue
+        for edge in edges:
+            if not edge.startswith(PLANNER + "."):
+                continue
+            target = stage_of(edge)
+            if target is None or STAGES.index(target) > STAGES.index(stage):
+                offenders.append(f"{name} -> {edge}")
+    return sorted(offenders)
+
+
+def test_planner_stages_import_in_pipeline_order() -> None:
+    graph = import_graph()
+    planner = [name for name in graph if name.startswith(PLANNER + ".")]
+    unknown = {stage_of(n) for n in planner} - {None, *STAGES}
+    assert not unknown, f"sub-packages not in the stage order: {sorted(map(str, unknown))}"
+    assert stage_order_offenders(graph) == []
+
+
+def test_stage_order_check_sees_an_import_against_it() -> None:
+    graph = {
+        "autockpt.planner.trace.fx_graph": {"autockpt.planner.core.units"},
+        "autockpt.planner.core.units": {"autockpt.planner.solve.refusal"},
+        "autockpt.planner.measure.fake_step": {"autockpt.planner.entry"},
+        "autockpt.planner.entry": {"autockpt.planner.solve.refusal"},
+    }
+    assert stage_order_offenders(graph) == [
+        "autockpt.planner.core.units -> autockpt.planner.solve.refusal",
+        "autockpt.planner.measure.fake_step -> autockpt.planner.entry",
+    ]
+
+
+def test_planner_top_and_stages_hold_a_sitting_of_modules() -> None:
+    root = REPO / "autockpt" / "planner"
+    top = sorted(p.name for p in root.glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= MAX_TOP_MODULES, top
+    stages = sorted(p.parent.name for p in root.glob("*/__init__.py"))
+    assert stages == sorted(STAGES)
+    for stage in STAGES:
+        modules = sorted(p.name for p in (root / stage).glob("*.py") if p.name != "__init__.py")
+        assert len(modules) <= MAX_STAGE_MODULES, f"{stage}/ holds {len(modules)}: {modules}"
+        docstring = ast.get_docstring(ast.parse((root / stage / "__init__.py").read_text()))
+        assert docstring, f"planner/{stage}/__init__.py says not what the stage takes and gives"
+
+
+def module_words_clashes(paths: list[Path]) -> list[str]:
+    """Pairs of modules named with the same words, in any order (``a_b`` and ``b_a``)."""
+    seen: dict[frozenset[str], Path] = {}
+    clashes = []
+    for path in sorted(paths):
+        if path.name == "__init__.py":
+            continue
+        words = frozenset(path.stem.split("_"))
+        if words in seen:
+            clashes.append(f"{seen[words].name} and {path.name}")
+        seen[words] = path
+    return clashes
+
+
+def test_no_two_planner_modules_share_their_words() -> None:
+    assert module_words_clashes(list((REPO / "autockpt" / "planner").rglob("*.py"))) == []
+    clash = [Path("planned_module.py"), Path("module_planned.py"), Path("plan.py")]
+    assert module_words_clashes(clash) == ["module_planned.py and planned_module.py"]
+
+
+def code_lines(source: str, node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of code in ``node``: docstrings (its own and nested ones), comments and blank
+    lines not counted."""
+    lines = source.splitlines()
+    docstrings: set[int] = set()
+    for inner in ast.walk(node):
+        body = getattr(inner, "body", None)
+        if (
+            isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Module)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            docstrings.update(range(body[0].lineno, (body[0].end_lineno or body[0].lineno) + 1))
+    first, last = node.lineno, node.end_lineno or node.lineno
+    return sum(
+        1
+        for number in range(first, last + 1)
+        if number not in docstrings
+        and lines[number - 1].strip()
+        and not lines[number - 1].strip().startswith("#")
+    )
+
+
+def long_functions(source: str, label: str) -> list[str]:
+    """Functions (methods and nested functions included) over ``MAX_FUNCTION_LINES``."""
+    return [
+        f"{label}:{node.lineno} {node.name} has {count} lines of code"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (count := code_lines(source, node)) > MAX_FUNCTION_LINES
+    ]
+
+
+def test_no_planner_function_runs_over_a_screen() -> None:
+    offenders = []
+    for name, path in source_modules().items():
+        if name.startswith(PLANNER):
+            offenders += long_functions(path.read_text(), name)
+    assert offenders == []
+
+
+def test_function_length_counts_code_not_prose() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES - 1))
+    prose = '    """Says what it does.\n\n    At length.\n    """\n    # why\n\n'
+    fits = f"def fits():\n{prose}{body}\n"
+    assert long_functions(fits, "m") == []  # the def line and 99 assignments
+    over = f"def over():\n{prose}{body}\n    return x0\n"
+    assert long_functions(over, "m") == ["m:1 over has 101 lines of code"]
