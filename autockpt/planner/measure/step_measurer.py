@@ -9,11 +9,13 @@ recomputes, so the others take it from there.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from autockpt.planner.core.batch_split import batch_size_of, split_batch
 from autockpt.planner.core.memory_tracker import RealSizeOracle
 from autockpt.planner.measure.fake_step import FakeTrainingState, profile_step
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec, StepProfile
@@ -45,6 +47,7 @@ class StepMeasurer:
         self.example_targets = example_targets
         self.loss_fn = loss_fn
         self.autocast_dtype = autocast_dtype
+        self.batch_size = batch_size_of(example_inputs) or 1  # as micro-batches cut it
         self.oracle = RealSizeOracle()
         self.fake_state = FakeTrainingState(
             traced, optimizer=optimizer, gradients_live=gradients_live
@@ -94,3 +97,35 @@ class StepMeasurer:
         [In-place writes])."""
         actions = [SegmentAction(recompute=not s.keep_reason) for s in segments]
         return self.measure(segments, actions, num_micro_batches)
+
+    def planned(
+        self,
+        segments: Sequence[Segment],
+        actions: Sequence[SegmentAction],
+        num_micro_batches: int = 1,
+    ) -> StepProfile:
+        """The step as a plan runs it: the kept step itself where the plan changes nothing."""
+        if num_micro_batches == 1 and all(a == KEEP for a in actions):
+            return self.kept
+        return self.measure(segments, actions, num_micro_batches)
+
+    def at_half_batch(
+        self,
+        segments: Sequence[Segment],
+        actions: Sequence[SegmentAction],
+        num_micro_batches: int = 1,
+    ) -> StepProfile | None:
+        """The step as a plan runs it on half the batch, its chunks and micro-batches no more
+        than half holds (for the refusal, NOTE [Refusal]); ``None`` where the model refuses a
+        smaller batch."""
+        half = self.batch_size // 2
+        inputs, targets = (
+            split_batch(b, 2, batch_size=self.batch_size)[0]
+            for b in (self.example_inputs, self.example_targets)
+        )
+        halved = [dataclasses.replace(a, num_chunks=min(a.num_chunks, half)) for a in actions]
+        try:
+            count = min(num_micro_batches, half)
+            return self.measure(segments, halved, count, (inputs, targets))
+        except Exception:  # the model refuses a smaller batch: the refusal estimates
+            return None

@@ -32,6 +32,30 @@ MAX_REPLANS = 4
 MAX_TIMING_ROUNDS = 16
 
 
+class MeasuredDecisions:
+    """Each distinct decision's step measured once on fake tensors, and the lowest-peak plan
+    measured so far: a budget planning is sure to meet (NOTE [Refusal])."""
+
+    def __init__(self, measure: Callable[[Decision], StepProfile]) -> None:
+        self._measure = measure
+        self._measured: dict[tuple[Any, ...], StepProfile] = {}
+        #: The lowest-peak decision measured as a candidate, with its step.
+        self.lowest: tuple[Decision, StepProfile] | None = None
+
+    def __call__(self, decision: Decision) -> StepProfile:
+        key = _key(decision)
+        if key not in self._measured:
+            self._measured[key] = self._measure(decision)
+        return self._measured[key]
+
+    def candidate(self, decision: Decision) -> StepProfile:
+        """``decision``'s step, remembered if it peaks lower than every candidate before."""
+        profile = self(decision)
+        if self.lowest is None or profile.peak_bytes < self.lowest[1].peak_bytes:
+            self.lowest = (decision, profile)
+        return profile
+
+
 class BudgetSearch:
     """The solver over every micro-batch count the profiles so far allow."""
 
@@ -47,20 +71,11 @@ class BudgetSearch:
         self.half: Profiles | None = None
         self.separability: Separability | None = None
         self.batch_size = batch_size
-        self._measure = measure
-        self._measured: dict[tuple[Any, ...], StepProfile] = {}
-        self.lowest_measured_bytes: int | None = None
-        self.lowest_measured: tuple[Decision, StepProfile] | None = None
+        #: Every decision measured so far, and the lowest peak among the candidates.
+        self.measure = MeasuredDecisions(measure)
         #: Measures a decision at half the batch, for the refusal's per-sample part
         #: (NOTE [Refusal]); None when the caller gives no way to.
         self.measure_half: Callable[[Decision], StepProfile | None] | None = None
-
-    def measure(self, decision: Decision) -> StepProfile:
-        """The decision's step measured on fake tensors (once per distinct decision)."""
-        key = _key(decision)
-        if key not in self._measured:
-            self._measured[key] = self._measure(decision)
-        return self._measured[key]
 
     def _decode(self, chain: Chain, solution: Solution, num_micro_batches: int) -> Decision:
         return decode(self.builder.positions, chain, solution, self.separability, num_micro_batches)
@@ -144,13 +159,7 @@ class BudgetSearch:
         candidate too: where recompute and chunks add more than they save (parameters dominate,
         in-place writes forbid the cuts that would help), nothing lower exists."""
         for lowest in [kept_decision(self.builder.traced), *self.lowest_peak_decisions()]:
-            candidate = self.measure(lowest)
-            if (
-                self.lowest_measured_bytes is None
-                or candidate.peak_bytes < self.lowest_measured_bytes
-            ):
-                self.lowest_measured_bytes = candidate.peak_bytes
-                self.lowest_measured = (lowest, candidate)
+            candidate = self.measure.candidate(lowest)
             if candidate.peak_bytes <= usable_bytes:
                 notes.append("took the lowest-peak plan: the cheaper ones measured over")
                 return lowest, candidate
@@ -166,15 +175,15 @@ class BudgetSearch:
         """The error for a budget below every plan, with the minimum, what bounds it and the
         levers that work (after :meth:`lowest_peak_fit` found nothing, so the minimum is a
         measured one; NOTE [Refusal])."""
-        lowest = self.lowest_measured_bytes
-        minimum = outside(lowest if lowest is not None else self.minimum_peak_bytes())
+        lowest = self.measure.lowest
+        minimum = outside(lowest[1].peak_bytes if lowest else self.minimum_peak_bytes())
         # Rounded up to whole KiB: a real step can hold a few bytes of scalars more than the
         # measured one (4 to 8 bytes seen with micro-batches), which must not tip it over.
         minimum = -(-minimum // 1024) * 1024
         kept = self.whole.kept
         half = None
-        if self.lowest_measured is not None and self.measure_half is not None:
-            measured = self.measure_half(self.lowest_measured[0])
+        if lowest is not None and self.measure_half is not None:
+            measured = self.measure_half(lowest[0])
             half = outside(measured.peak_bytes) if measured is not None else None
         return infeasible_error(
             budget=budget,
@@ -184,7 +193,7 @@ class BudgetSearch:
             batch_size=self.batch_size,
             separability=self.separability,
             micro_batches_tried=self.half is not None,
-            lowest=self.lowest_measured,
+            lowest=lowest,
             half_minimum_bytes=half,
         )
 

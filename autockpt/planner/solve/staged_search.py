@@ -1,31 +1,23 @@
 """Steps 3 to 5 of NOTE [Planning]: the options widened in stages until a plan fits, the fit
 measured, and the plans that fit timed whole where the real model is timed.
 
-Each stage measures more profiles, and only once the ones before cannot fit (or fit at more
-than ``WIDEN_PAST_SHARE`` of the plain step's time): plain recompute segment by segment, then
-regions recomputed whole or in chunks, then micro-batches.
+The stages (:mod:`autockpt.planner.solve.widening`) measure more profiles, each only once the
+ones before cannot fit, or fit at more than ``WIDEN_PAST_SHARE`` of the plain step's time.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
-from autockpt.planner.core.batch_split import split_batch
 from autockpt.planner.core.units import Budget
-from autockpt.planner.measure.separability import Separability, analyse_separability
 from autockpt.planner.measure.step_measurer import StepMeasurer
 from autockpt.planner.measure.step_profile import LossFn, StepProfile
-from autockpt.planner.runtime.segment_runners import KEEP, SegmentAction
-from autockpt.planner.runtime.selective_safety import selective_segments
 from autockpt.planner.solve.budget_search import BudgetSearch
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_decoding import ChosenPlan, Decision
-from autockpt.planner.solve.chain_positions import Profiles, unit_segments
-from autockpt.planner.solve.chain_terms import recompute_lower_bound_bytes
+from autockpt.planner.solve.chain_positions import Profiles
 from autockpt.planner.solve.option_pricing import decision_extra_s
 from autockpt.planner.solve.whole_plan_timing import (
     MAX_CANDIDATES,
@@ -33,8 +25,8 @@ from autockpt.planner.solve.whole_plan_timing import (
     TimedChoice,
     fastest_of,
 )
+from autockpt.planner.solve.widening import Widening
 from autockpt.planner.timing.time_model import MeasuredCosts
-from autockpt.planner.trace.module_chain import ModuleChain
 
 #: A fit adding more than this share of the plain step's time widens the options further.
 WIDEN_PAST_SHARE = 0.10
@@ -71,23 +63,31 @@ class StagedSearch:
         timed_costs: MeasuredCosts | None,
         notes: list[str],
     ) -> None:
-        self.measurer = measurer
-        self.traced = measurer.traced
         self.builder = builder
-        self.model = model
-        self.loss_fn = loss_fn
         self.usable_bytes = usable_bytes
-        self.allow_chunks = allow_chunks
-        self.allow_micro_batches = allow_micro_batches
         self.timed_costs = timed_costs
         self.notes = notes
-        self.batch_size = builder.batch_size
-        self.regions = list(self.traced.region_segments)
-        self.units = unit_segments(self.traced)  # NOTE [Chain levels]
         self.search = BudgetSearch(
-            builder, Profiles(measurer.kept, None), self.batch_size, self._measure_decision
+            builder,
+            Profiles(measurer.kept, None),
+            builder.batch_size,
+            lambda d: measurer.planned(d.segments, d.actions, d.num_micro_batches),
         )
-        self.search.measure_half = self._measure_half if self.batch_size >= 2 else None
+        if builder.batch_size >= 2:
+            self.search.measure_half = lambda d: measurer.at_half_batch(
+                d.segments, d.actions, d.num_micro_batches
+            )
+        self.widening = Widening(
+            measurer,
+            builder,
+            self.search,
+            model=model,
+            loss_fn=loss_fn,
+            usable_bytes=usable_bytes,
+            allow_chunks=allow_chunks,
+            allow_micro_batches=allow_micro_batches,
+            notes=notes,
+        )
 
     def run(self, budget: Budget, outside: Callable[[int], int]) -> ChosenPlan:
         """The plan: the cheapest fit, timed whole where it can be.
@@ -101,7 +101,7 @@ class StagedSearch:
             found = search.lowest_peak_fit(self.usable_bytes, self.notes)
         if found is None and search.whole.recomputed is None:
             # Skipped above as unable to fit; the refusal's minimum must count it too.
-            self._plain_recompute(even_if_hopeless=True)
+            self.widening.plain_recompute(even_if_hopeless=True)
             found = search.lowest_peak_fit(self.usable_bytes, self.notes)
         if found is None:
             raise search.infeasible(budget, outside)
@@ -128,7 +128,7 @@ class StagedSearch:
         the whole-plan timing that confirmed it, if one did."""
         found: Fit | None = None
         stage_timed = None
-        for widen in (self._plain_recompute, self._regions_and_chunks, self._micro_batches):
+        for widen in self.widening.stages():
             if not widen():
                 continue
             # A later stage's fit weighs every option examined so far (NOTE [Planning], 3).
@@ -161,102 +161,3 @@ class StagedSearch:
             return found, None
         self.notes.append(timed.note)
         return (timed.decision, timed.profile), timed.extra_s
-
-    def _plain_recompute(self, *, even_if_hopeless: bool = False) -> bool:
-        """Stage a: every segment (and every unit) recomputed, and selectively where it may."""
-        kept = self.measurer.kept
-        if self.usable_bytes < recompute_lower_bound_bytes(kept) and not even_if_hopeless:
-            return False  # no plan of plain recomputes can fit: do not measure one
-        measurer, units = self.measurer, self.units
-        self.search.whole = dataclasses.replace(
-            self.search.whole,
-            recomputed=measurer.all_recomputed(self.traced.segments),
-            units=None if units is None else measurer.all_recomputed(units),
-            selective=self._all_selective(),
-        )
-        return True
-
-    def _regions_and_chunks(self) -> bool:
-        """Stage b: regions recomputed whole, and in chunks where the probe finds them
-        batch-separable."""
-        # Regions recomputed whole, chunks and micro-batches cost more profiles and a
-        # probe of the real model: examined only once plain recompute cannot fit.
-        # A module chain's links run in chunks, not its spans (NOTE [Module chain]).
-        traced, search = self.traced, self.search
-        probed = traced.segments if isinstance(traced, ModuleChain) else self.regions
-        if isinstance(traced, ModuleChain) and search.whole.recomputed is None:
-            self._plain_recompute(even_if_hopeless=True)  # the links' chunks scale from it
-        separability = Separability.nothing(len(probed), "not allowed by the caller")
-        if self.allow_chunks or self.allow_micro_batches:
-            separability = analyse_separability(
-                traced,
-                self.measurer.example_inputs,
-                probed,
-                model=self.model,
-                loss_fn=self.loss_fn,
-                example_targets=self.measurer.example_targets,
-            )
-        if not self.allow_chunks:
-            separability = dataclasses.replace(separability, chunkable=(False,) * len(probed))
-        if self.allow_micro_batches and not separability.micro_batchable:
-            self.notes.append(f"micro-batches not used: {separability.reason}")
-        search.whole = dataclasses.replace(
-            search.whole, regions=self.measurer.all_recomputed(self.regions)
-        )
-        search.separability = separability
-        return True
-
-    def _micro_batches(self) -> bool:
-        """Stage c: the step at half the batch, for every micro-batch count."""
-        search, measurer, segments = self.search, self.measurer, self.traced.segments
-        separability = search.separability
-        if not (self.allow_micro_batches and separability and separability.micro_batchable):
-            return False
-        if self.batch_size < 2:
-            return False
-        whole = search.whole
-        search.half = Profiles(
-            measurer.measure(segments, [KEEP] * len(segments), 2),
-            None if whole.recomputed is None else measurer.all_recomputed(segments, 2),
-            measurer.all_recomputed(self.regions, 2),
-            None
-            if self.units is None or whole.units is None
-            else measurer.all_recomputed(self.units, 2),
-            None if whole.selective is None else self._all_selective(2),
-        )
-        return True
-
-    def _all_selective(self, num_micro_batches: int = 1) -> StepProfile | None:
-        """Every segment that may be recomputed selectively so (NOTE [Selective recompute])."""
-        if num_micro_batches == 1:
-            self.builder.selective = selective_segments(self.traced, self.measurer.example_inputs)
-        if not self.builder.selective:
-            return None
-        actions = [
-            SegmentAction(recompute=True, selective=True) if i in self.builder.selective else KEEP
-            for i in range(len(self.traced.segments))
-        ]
-        return self.measurer.measure(self.traced.segments, actions, num_micro_batches)
-
-    def _measure_decision(self, decision: Decision) -> StepProfile:
-        if decision.num_micro_batches == 1 and all(a == KEEP for a in decision.actions):
-            return self.measurer.kept  # nothing changes: the kept step is this plan's measurement
-        return self.measurer.measure(
-            decision.segments, decision.actions, decision.num_micro_batches
-        )
-
-    def _measure_half(self, decision: Decision) -> StepProfile | None:
-        """``decision`` measured at half the batch, for the refusal (NOTE [Refusal])."""
-        half = self.batch_size // 2
-        halves: list[Any] = [
-            split_batch(b, 2, batch_size=self.batch_size)[0]
-            for b in (self.measurer.example_inputs, self.measurer.example_targets)
-        ]
-        actions = [
-            dataclasses.replace(a, num_chunks=min(a.num_chunks, half)) for a in decision.actions
-        ]
-        try:
-            count = min(decision.num_micro_batches, half)
-            return self.measurer.measure(decision.segments, actions, count, (halves[0], halves[1]))
-        except Exception:  # the model refuses a smaller batch: the refusal estimates
-            return None

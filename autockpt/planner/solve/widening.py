@@ -1,0 +1,149 @@
+"""Step 3 of NOTE [Planning]: the options widened in stages, each stage measuring the profiles
+its options need, and only once the ones before cannot fit (or fit too slowly).
+
+a. plain recompute, segment by segment (and unit by unit, and selectively where a segment may);
+b. regions recomputed whole, and in chunks where the probe finds them batch-separable;
+c. micro-batches: the step at half the batch, every quantity fitted between the two.
+
+Each stage writes what it measured into the :class:`~autockpt.planner.solve.budget_search.
+BudgetSearch`, which then solves over everything examined so far.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from autockpt.planner.measure.separability import Separability, analyse_separability
+from autockpt.planner.measure.step_measurer import StepMeasurer
+from autockpt.planner.measure.step_profile import LossFn, StepProfile
+from autockpt.planner.runtime.segment_runners import KEEP, SegmentAction
+from autockpt.planner.runtime.selective_safety import selective_segments
+from autockpt.planner.solve.budget_search import BudgetSearch
+from autockpt.planner.solve.chain_builder import ChainBuilder
+from autockpt.planner.solve.chain_positions import Profiles, unit_segments
+from autockpt.planner.solve.chain_terms import recompute_lower_bound_bytes
+from autockpt.planner.trace.module_chain import ModuleChain
+
+
+class Widening:
+    """The stages that widen a :class:`BudgetSearch`'s options (see the module docstring).
+
+    Args:
+        measurer: the step's measurements, its kept profile already taken.
+        builder: builds the chains; it learns here which segments may be selective.
+        search: what each stage's profiles go into.
+        model: the real model, for the separability probe.
+        loss_fn: the loss the probe runs.
+        usable_bytes: the tensor bytes a plan may take.
+        allow_chunks, allow_micro_batches: the caller's leave to split the batch.
+        notes: the plan's notes, appended to.
+    """
+
+    def __init__(
+        self,
+        measurer: StepMeasurer,
+        builder: ChainBuilder,
+        search: BudgetSearch,
+        *,
+        model: torch.nn.Module,
+        loss_fn: LossFn | None,
+        usable_bytes: int,
+        allow_chunks: bool,
+        allow_micro_batches: bool,
+        notes: list[str],
+    ) -> None:
+        self.measurer = measurer
+        self.traced = measurer.traced
+        self.builder = builder
+        self.search = search
+        self.model = model
+        self.loss_fn = loss_fn
+        self.usable_bytes = usable_bytes
+        self.allow_chunks = allow_chunks
+        self.allow_micro_batches = allow_micro_batches
+        self.notes = notes
+        self.regions = list(self.traced.region_segments)
+        self.units = unit_segments(self.traced)  # NOTE [Chain levels]
+
+    def stages(self) -> tuple[Callable[[], bool], ...]:
+        """The stages in order; each returns whether it gave the search anything new."""
+        return (self.plain_recompute, self.regions_and_chunks, self.micro_batches)
+
+    def plain_recompute(self, *, even_if_hopeless: bool = False) -> bool:
+        """Stage a: every segment (and every unit) recomputed, and selectively where it may."""
+        kept = self.measurer.kept
+        if self.usable_bytes < recompute_lower_bound_bytes(kept) and not even_if_hopeless:
+            return False  # no plan of plain recomputes can fit: do not measure one
+        measurer, units = self.measurer, self.units
+        self.search.whole = dataclasses.replace(
+            self.search.whole,
+            recomputed=measurer.all_recomputed(self.traced.segments),
+            units=None if units is None else measurer.all_recomputed(units),
+            selective=self._all_selective(),
+        )
+        return True
+
+    def regions_and_chunks(self) -> bool:
+        """Stage b: regions recomputed whole, and in chunks where the probe finds them
+        batch-separable."""
+        # Regions recomputed whole, chunks and micro-batches cost more profiles and a
+        # probe of the real model: examined only once plain recompute cannot fit.
+        # A module chain's links run in chunks, not its spans (NOTE [Module chain]).
+        traced, search = self.traced, self.search
+        probed = traced.segments if isinstance(traced, ModuleChain) else self.regions
+        if isinstance(traced, ModuleChain) and search.whole.recomputed is None:
+            self.plain_recompute(even_if_hopeless=True)  # the links' chunks scale from it
+        separability = Separability.nothing(len(probed), "not allowed by the caller")
+        if self.allow_chunks or self.allow_micro_batches:
+            separability = analyse_separability(
+                traced,
+                self.measurer.example_inputs,
+                probed,
+                model=self.model,
+                loss_fn=self.loss_fn,
+                example_targets=self.measurer.example_targets,
+            )
+        if not self.allow_chunks:
+            separability = dataclasses.replace(separability, chunkable=(False,) * len(probed))
+        if self.allow_micro_batches and not separability.micro_batchable:
+            self.notes.append(f"micro-batches not used: {separability.reason}")
+        search.whole = dataclasses.replace(
+            search.whole, regions=self.measurer.all_recomputed(self.regions)
+        )
+        search.separability = separability
+        return True
+
+    def micro_batches(self) -> bool:
+        """Stage c: the step at half the batch, for every micro-batch count."""
+        search, measurer, segments = self.search, self.measurer, self.traced.segments
+        separability = search.separability
+        if not (self.allow_micro_batches and separability and separability.micro_batchable):
+            return False
+        if self.builder.batch_size < 2:
+            return False
+        whole = search.whole
+        search.half = Profiles(
+            measurer.measure(segments, [KEEP] * len(segments), 2),
+            None if whole.recomputed is None else measurer.all_recomputed(segments, 2),
+            measurer.all_recomputed(self.regions, 2),
+            None
+            if self.units is None or whole.units is None
+            else measurer.all_recomputed(self.units, 2),
+            None if whole.selective is None else self._all_selective(2),
+        )
+        return True
+
+    def _all_selective(self, num_micro_batches: int = 1) -> StepProfile | None:
+        """Every segment that may be recomputed selectively so (NOTE [Selective recompute])."""
+        if num_micro_batches == 1:
+            self.builder.selective = selective_segments(self.traced, self.measurer.example_inputs)
+        if not self.builder.selective:
+            return None
+        actions = [
+            SegmentAction(recompute=True, selective=True) if i in self.builder.selective else KEEP
+            for i in range(len(self.traced.segments))
+        ]
+        return self.measurer.measure(self.traced.segments, actions, num_micro_batches)
