@@ -23,15 +23,15 @@ NOTE [Timed options]
 With the real model timed, an option's cost is measured only once the solver is about to choose it.
 Until then it carries an estimate; the solver solves, and if its choice rests on estimates, those
 are timed and it solves again, until the plan it picks is timed throughout
-(:meth:`~autockpt.planner.solve.chain_builder.ChainBuilder.time_choice`; each round times something
-new, so it ends). For that to find the fastest plan, an estimate must not be above what timing can
-give, for options whose time nothing predicts: a region in chunks is estimated at minus its kept
-time (the cheapest it could possibly be: free), so every chunk count that fits the budget is timed
-before one is chosen, and micro-batches at no extra time. A region recomputed whole is estimated at
-its forward time. A segment inside a region, recomputed on its own, is not timed (its inputs are not
-kept from the plain step): its forward time in the plain step is its cost. An option's cost is what
-its timed pieces take less what the same positions took in the plain step; one measured faster than
-keeping has a negative cost.
+(:meth:`~autockpt.planner.solve.option_pricing.OptionPricing.time_choice`; each round times
+something new, so it ends). For that to find the fastest plan, an estimate must not be above what
+timing can give, for options whose time nothing predicts: a region in chunks is estimated at minus
+its kept time (the cheapest it could possibly be: free), so every chunk count that fits the budget
+is timed before one is chosen, and micro-batches at no extra time. A region recomputed whole is
+estimated at its forward time. A segment inside a region, recomputed on its own, is not timed (its
+inputs are not kept from the plain step): its forward time in the plain step is its cost. An
+option's cost is what its timed pieces take less what the same positions took in the plain step; one
+measured faster than keeping has a negative cost.
 
 What "the fastest plan that fits" means here: the fastest among the plans that fit and that the
 planner examined. The staged widening (NOTE [Planning]) examines regions, chunks and
