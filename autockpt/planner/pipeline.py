@@ -58,7 +58,6 @@ from dataclasses import dataclass
 
 import torch
 
-from autockpt.planner.core.batch_split import batch_size_of
 from autockpt.planner.core.units import Budget, format_bytes
 from autockpt.planner.measure.step_measurer import StepMeasurer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec, StepProfile
@@ -126,7 +125,6 @@ def plan_one_process(
 ) -> Plan:
     """The plan of one process's step under ``budget`` (NOTE [Planning], in order)."""
     started = time.perf_counter()
-    batch_size = batch_size_of(example_inputs) or 1  # as micro-batches cut it: dicts too
     traced = trace_or_find_modules(model, example_inputs, tracing=tracing)  # warns on fallback
     share = DeviceShare.on(device)
     usable_bytes = share.usable_bytes(budget.bytes)
@@ -140,18 +138,8 @@ def plan_one_process(
         gradients_live=gradients_live,
     )
     kept = measurer.kept
-    estimated, costs = step_costs(
-        traced,
-        kept,
-        device,
-        example_inputs,
-        loss_fn=loss_fn,
-        example_targets=example_targets,
-        optimizer=optimizer,
-        autocast_dtype=autocast_dtype,
-        cpu_threads=cpu_threads,
-    )
-    builder = ChainBuilder(traced, costs, batch_size)
+    estimated, costs = step_costs(measurer, device, cpu_threads=cpu_threads)
+    builder = ChainBuilder(traced, costs, measurer.batch_size)
     notes: list[str] = [traced.note] if isinstance(traced, ModuleChain) else list(traced.notes)
     strategy: Strategy = "auto"
     if use_gradient_checkpointing is not None:
@@ -200,33 +188,25 @@ def plan_one_process(
 
 
 def step_costs(
-    traced: TracedModel | ModuleChain,
-    kept: StepProfile,
-    device: torch.device,
-    example_inputs: Sequence[torch.Tensor],
-    *,
-    loss_fn: LossFn | None,
-    example_targets: Sequence[torch.Tensor],
-    optimizer: OptimizerSpec,
-    autocast_dtype: torch.dtype | None,
-    cpu_threads: int,
+    measurer: StepMeasurer, device: torch.device, *, cpu_threads: int
 ) -> tuple[EstimatedCosts, StepCosts]:
-    """The estimated costs, and the costs planning prices with: timed on the real model where
-    that is cheap, else the estimates (NOTE [Time model])."""
+    """The estimated costs, and the costs planning prices with: the step ``measurer`` measures
+    timed on the real model where that is cheap, else the estimates (NOTE [Time model])."""
+    traced, kept = measurer.traced, measurer.kept
     estimated = EstimatedCosts(calibrate(device.type, device.index), kept)
     if not (isinstance(traced, TracedModel) and can_time(device, kept.peak_bytes)):
         return estimated, estimated
     stopwatch = Stopwatch(
         traced,
-        example_inputs,
-        loss_fn=loss_fn,
-        example_targets=example_targets,
-        optimizer=optimizer,
-        autocast_dtype=autocast_dtype,
+        measurer.example_inputs,
+        loss_fn=measurer.loss_fn,
+        example_targets=measurer.example_targets,
+        optimizer=measurer.optimizer,
+        autocast_dtype=measurer.autocast_dtype,
         threads=cpu_threads,
     )
-    batch_size = batch_size_of(example_inputs) or 1
-    return estimated, MeasuredCosts(stopwatch, traced.regions, batch_size, fallback=estimated)
+    costs = MeasuredCosts(stopwatch, traced.regions, measurer.batch_size, fallback=estimated)
+    return estimated, costs
 
 
 def plan_report(

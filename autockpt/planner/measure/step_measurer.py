@@ -46,6 +46,7 @@ class StepMeasurer:
         self.example_inputs = example_inputs
         self.example_targets = example_targets
         self.loss_fn = loss_fn
+        self.optimizer = optimizer
         self.autocast_dtype = autocast_dtype
         self.batch_size = batch_size_of(example_inputs) or 1  # as micro-batches cut it
         self.oracle = RealSizeOracle()
