@@ -13,6 +13,7 @@ from autockpt.errors import (
     DeviceError,
     InfeasibleBudgetError,
     PlanMismatchError,
+    PlanningError,
     RunError,
     TraceError,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "PeakBreakdown",
     "Plan",
     "PlanMismatchError",
+    "PlanningError",
     "RunError",
     "SegmentPlan",
     "TraceError",

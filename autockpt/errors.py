@@ -55,3 +55,14 @@ class DeviceError(AutockptError):
 
 class PlanMismatchError(AutockptError):
     """A plan applied to a model it was not made for."""
+
+
+class PlanningError(AutockptError):
+    """Planning met an error of the model's own (or of a library it runs) that no option of the
+    plan could route around; the message names it, and the error is its ``__cause__``."""
+
+
+def describe_error(error: BaseException) -> str:
+    """``"TypeName: first line of the message"``, for a one-line note or error."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__

@@ -14,7 +14,13 @@ from typing import Any
 
 import torch
 
-from autockpt.errors import InfeasibleBudgetError
+from autockpt.errors import (
+    AutockptError,
+    ConfigError,
+    InfeasibleBudgetError,
+    PlanningError,
+    describe_error,
+)
 from autockpt.planner.core.host_settings import cyclic_gc_paused, one_cpu_thread
 from autockpt.planner.core.train_eval import training_mode
 from autockpt.planner.core.units import Budget, format_bytes, parse_budget
@@ -114,13 +120,17 @@ def plan(
         BudgetError: the budget cannot be read.
         InfeasibleBudgetError: no plan fits (the message gives the minimum and the levers).
         TraceError: neither torch.fx nor forward hooks find segments in the model.
+        PlanningError: the model (or a library it runs) raised where no option could be left
+            out, e.g. in its plain step; an option whose measurement fails is left out with a
+            note instead.
+        ConfigError: ``example_targets`` without a ``loss_fn``.
 
     Example:
         >>> plan = autockpt.plan(model, (x,), budget="4GB")
         >>> model = autockpt.apply(model, plan)
     """
     if example_targets and loss_fn is None:
-        raise ValueError(
+        raise ConfigError(
             "example_targets were given without a loss_fn to compare them with; pass "
             "loss_fn=lambda output, *targets: ..."
         )
@@ -161,7 +171,16 @@ def plan(
         gradients_live=gradients_live,
     )
     for _ in range(MAX_VERIFY_ROUNDS):
-        result = _plan_round(model, example_inputs, target, read, share, rng_devices, options)
+        try:
+            result = _plan_round(model, example_inputs, target, read, share, rng_devices, options)
+        except AutockptError:
+            raise
+        except Exception as error:  # the model's own, or a library's: never the caller's to parse
+            raise PlanningError(
+                f"planning {type(model).__name__} failed where no option could be left out "
+                f"({describe_error(error)}); the traceback is this error's cause: train it "
+                "without a plan, or with tracing='forward-hooks'"
+            ) from error
         if not verify or use_gradient_checkpointing is not None:
             return result.model_copy(update={"notes": [*notes, *result.notes]})
         check = verify_plan(

@@ -312,10 +312,17 @@ def _probe_segments(
                 tensors_in(first.outputs[index]), tensors_in(second.outputs[index]), strict=True
             )
         )
+        produced = first.outputs[index]
         ok = (
             any(d is not None for d in in_dims)
             and all(d is not None for d in out_dims)
             and len(out_dims) == len(segment.output_names)
+            # Chunks are joined output by output with torch.cat: a structure holding the one
+            # tensor (a Hugging Face ModelOutput from a submodule fx keeps whole) cannot be.
+            and all(
+                isinstance(value, torch.Tensor)
+                for value in (produced if isinstance(produced, tuple) else (produced,))
+            )
             and _segment_agrees(
                 _segment_module(segmented, index),
                 first.inputs[index],

@@ -113,7 +113,12 @@ class _LinkForward:
         output_spec: list[TreeSpec] = []
 
         def run(*flat: Any) -> Any:
-            positional, keywords = tree_unflatten(list(flat), spec)
+            # A kept link runs on its own arguments: rebuilt ones would take a write to a list
+            # or cache it is given away from the caller (NOTE [Python state written in
+            # forward]); such a link is never recomputed.
+            positional, keywords = (
+                tree_unflatten(list(flat), spec) if self.action.recompute else (args, kwargs)
+            )
             output = self.forward(*positional, **keywords)
             if not chunked:
                 return output

@@ -10,10 +10,11 @@ re-solves when the chain model was optimistic. When nothing fits it builds the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from autockpt.errors import InfeasibleBudgetError
+from autockpt.errors import InfeasibleBudgetError, describe_error
 from autockpt.planner.core.units import Budget
 from autockpt.planner.measure.separability import Separability
 from autockpt.planner.measure.step_profile import StepProfile
@@ -24,6 +25,8 @@ from autockpt.planner.solve.chain_solver import Chain, Solution, minimum_peak, s
 from autockpt.planner.solve.chain_terms import micro_batch_counts
 from autockpt.planner.solve.refusal import infeasible_error
 
+#: The peak a decision that failed to measure counts at: above any budget.
+UNMEASURABLE_PEAK_BYTES = 2**62
 #: Rounds of re-solving when the measured plan exceeds the budget (NOTE [Planning], step 4).
 MAX_REPLANS = 4
 #: Most rounds of "solve, time what the choice rests on, solve again" (NOTE [Timed options]):
@@ -34,18 +37,36 @@ MAX_TIMING_ROUNDS = 16
 
 class MeasuredDecisions:
     """Each distinct decision's step measured once on fake tensors, and the lowest-peak plan
-    measured so far: a budget planning is sure to meet (NOTE [Refusal])."""
+    measured so far: a budget planning is sure to meet (NOTE [Refusal]).
 
-    def __init__(self, measure: Callable[[Decision], StepProfile]) -> None:
+    A decision whose measurement fails (the model's own error in one of its options) counts as
+    measured at ``unmeasurable``, a peak no budget meets, so the search goes on without it; a
+    line in ``failures`` names it.
+    """
+
+    def __init__(
+        self, measure: Callable[[Decision], StepProfile], unmeasurable: StepProfile
+    ) -> None:
         self._measure = measure
+        self._unmeasurable = unmeasurable
         self._measured: dict[tuple[Any, ...], StepProfile] = {}
         #: The lowest-peak decision measured as a candidate, with its step.
         self.lowest: tuple[Decision, StepProfile] | None = None
+        #: A line per decision that failed to measure, for the plan's notes.
+        self.failures: list[str] = []
 
     def __call__(self, decision: Decision) -> StepProfile:
         key = _key(decision)
         if key not in self._measured:
-            self._measured[key] = self._measure(decision)
+            try:
+                self._measured[key] = self._measure(decision)
+            except Exception as error:
+                actions = ", ".join(r for r in decision.reasons if r != "keep") or "keep"
+                self.failures.append(
+                    f"plan not offered ({actions}; {decision.num_micro_batches} micro-batches): "
+                    f"measuring it failed ({describe_error(error)})"
+                )
+                self._measured[key] = self._unmeasurable
         return self._measured[key]
 
     def candidate(self, decision: Decision) -> StepProfile:
@@ -72,7 +93,9 @@ class BudgetSearch:
         self.separability: Separability | None = None
         self.batch_size = batch_size
         #: Every decision measured so far, and the lowest peak among the candidates.
-        self.measure = MeasuredDecisions(measure)
+        self.measure = MeasuredDecisions(
+            measure, dataclasses.replace(whole.kept, peak_bytes=UNMEASURABLE_PEAK_BYTES)
+        )
         #: Measures a decision at half the batch, for the refusal's per-sample part
         #: (NOTE [Refusal]); None when the caller gives no way to.
         self.measure_half: Callable[[Decision], StepProfile | None] | None = None

@@ -103,6 +103,7 @@ class StagedSearch:
             # Skipped above as unable to fit; the refusal's minimum must count it too.
             self.widening.plain_recompute(even_if_hopeless=True)
             found = search.lowest_peak_fit(self.usable_bytes, self.notes)
+        self.notes.extend(search.measure.failures)
         if found is None:
             raise search.infeasible(budget, outside)
         timed_extra_s = None

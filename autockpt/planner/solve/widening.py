@@ -5,7 +5,9 @@ a. plain recompute, segment by segment (and unit by unit, and selectively where 
 b. regions recomputed whole, and in chunks where the probe finds them batch-separable;
 c. micro-batches: the step at half the batch, every quantity fitted between the two.
 
-Each stage writes what it measured into the :class:`~autockpt.planner.solve.budget_search.
+A profile that fails to measure (a model whose recompute raises, say) is not offered: its options
+are left out and a note names it (:meth:`Widening.tried`). Each stage writes what it measured
+into the :class:`~autockpt.planner.solve.budget_search.
 BudgetSearch`, which then solves over everything examined so far.
 """
 
@@ -16,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from autockpt.errors import describe_error
 from autockpt.planner.measure.separability import Separability, analyse_separability
 from autockpt.planner.measure.step_measurer import StepMeasurer
 from autockpt.planner.measure.step_profile import LossFn, StepProfile
@@ -67,6 +70,7 @@ class Widening:
         self.notes = notes
         self.regions = list(self.traced.region_segments)
         self.units = unit_segments(self.traced)  # NOTE [Chain levels]
+        self._failed: set[str] = set()
 
     def stages(self) -> tuple[Callable[[], bool], ...]:
         """The stages in order; each returns whether it gave the search anything new."""
@@ -80,9 +84,13 @@ class Widening:
         measurer, units = self.measurer, self.units
         self.search.whole = dataclasses.replace(
             self.search.whole,
-            recomputed=measurer.all_recomputed(self.traced.segments),
-            units=None if units is None else measurer.all_recomputed(units),
-            selective=self._all_selective(),
+            recomputed=self.tried(
+                "recompute", lambda: measurer.all_recomputed(self.traced.segments)
+            ),
+            units=None
+            if units is None
+            else self.tried("units recomputed whole", lambda: measurer.all_recomputed(units)),
+            selective=self.tried("selective recompute", self._all_selective),
         )
         return True
 
@@ -111,7 +119,10 @@ class Widening:
         if self.allow_micro_batches and not separability.micro_batchable:
             self.notes.append(f"micro-batches not used: {separability.reason}")
         search.whole = dataclasses.replace(
-            search.whole, regions=self.measurer.all_recomputed(self.regions)
+            search.whole,
+            regions=self.tried(
+                "regions recomputed whole", lambda: self.measurer.all_recomputed(self.regions)
+            ),
         )
         search.separability = separability
         return True
@@ -125,16 +136,37 @@ class Widening:
         if self.builder.batch_size < 2:
             return False
         whole = search.whole
+        kept = self.tried(
+            "micro-batches", lambda: measurer.measure(segments, [KEEP] * len(segments), 2)
+        )
+        if kept is None:
+            return False
+
+        def at_half(name: str, measure: Callable[[], StepProfile | None]) -> StepProfile | None:
+            return None if getattr(whole, name) is None else self.tried(name, measure)
+
+        units = self.units
         search.half = Profiles(
-            measurer.measure(segments, [KEEP] * len(segments), 2),
-            None if whole.recomputed is None else measurer.all_recomputed(segments, 2),
-            measurer.all_recomputed(self.regions, 2),
-            None
-            if self.units is None or whole.units is None
-            else measurer.all_recomputed(self.units, 2),
-            None if whole.selective is None else self._all_selective(2),
+            kept,
+            at_half("recomputed", lambda: measurer.all_recomputed(segments, 2)),
+            at_half("regions", lambda: measurer.all_recomputed(self.regions, 2)),
+            None if units is None else at_half("units", lambda: measurer.all_recomputed(units, 2)),
+            at_half("selective", lambda: self._all_selective(2)),
         )
         return True
+
+    def tried(self, what: str, measure: Callable[[], StepProfile | None]) -> StepProfile | None:
+        """``measure()``, or ``None`` with a note where it fails: the options it would give
+        are left out, and the plan is made from the others (a model's own error, such as a
+        recompute that raises, never ends planning)."""
+        if what in self._failed:
+            return None
+        try:
+            return measure()
+        except Exception as error:
+            self._failed.add(what)
+            self.notes.append(f"{what} not offered: measuring it failed ({describe_error(error)})")
+            return None
 
     def _all_selective(self, num_micro_batches: int = 1) -> StepProfile | None:
         """Every segment that may be recomputed selectively so (NOTE [Selective recompute])."""

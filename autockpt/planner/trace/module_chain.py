@@ -54,6 +54,16 @@ takes the link's arguments and output with a forward hook, flattened as the plan
 every output leaf is a tensor carrying it and each sample alone gives its slice. Its planned
 ``forward`` then splits the flattened arguments, runs each piece checkpointed, and joins the
 output leaves (NOTE [Segment runners]). A span never runs in chunks.
+
+NOTE [Python state written in forward]
+A forward may write Python state rather than tensors: a Hugging Face decoder layer appends its
+keys and values to the ``Cache`` object it is given (``use_cache=True``), a layer appends to a
+list or dict its caller passes. torch sees no tensor written, but a recompute runs the forward
+again and writes it again: the cache grows, the recompute saves other tensors than the forward
+did, and torch's checkpoint fails (T5: "51 vs 47" tensors saved). So every call's mutable
+arguments (lists, dicts, objects, not tensors) are fingerprinted before and after it: which
+objects and tensors they hold, a few levels down. A call that changed one is kept, like one that
+writes its input in place, and the keep reason names the object's type.
 """
 
 from __future__ import annotations
@@ -73,7 +83,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_map_only
 
-from autockpt.errors import TraceError
+from autockpt.errors import TraceError, describe_error
 from autockpt.planner.core.fake_copies import fake_copy
 from autockpt.planner.core.memory_tracker import MemoryTracker, flat_tensors
 from autockpt.planner.trace.cut_points import SEGMENT_CROSSING_WEIGHT, RunCosts
@@ -84,6 +94,9 @@ from autockpt.planner.trace.opaque_modules import weigh_opaque
 Tracing = Literal["auto", "forward-hooks"]
 """How :func:`autockpt.plan` finds segments: fx with the module chain as fallback, or the chain."""
 
+#: How many levels of lists, dicts and attributes below a call's argument are compared before
+#: and after the call (NOTE [Python state written in forward]).
+_STATE_DEPTH = 4
 #: A link is looked into when it holds more than DESCEND_SHARE of the chain's bytes and its
 #: own calls more than COVERED_SHARE of its bytes (NOTE [Module chain]).
 DESCEND_SHARE, COVERED_SHARE = 1 / 3, 0.5
@@ -192,7 +205,7 @@ def find_module_chain(
         calls = _record_calls(copied, example_inputs, None)
         measured_on = (
             "; measured on real tensors, since the forward does not run on fake ones "
-            f"({type(error).__name__}: {_one_line(error)})"
+            f"({describe_error(error)})"
         )
     links = _choose_links(calls)
     if not links:
@@ -252,7 +265,8 @@ class _Call:
         children: indices of the calls that ran directly inside it, in order.
         is_link: whether it may be a link (NOTE [Module chain]).
         inputs: weak references to the storages of its tensor arguments.
-        keep_reason: why it must not be recomputed (NOTE [In-place writes]), or "".
+        keep_reason: why it must not be recomputed (NOTE [In-place writes], NOTE [Python
+            state written in forward]), or "".
         input_bytes: bytes of the storages its tensor arguments use (what recomputing from
             it keeps).
     """
@@ -266,6 +280,7 @@ class _Call:
     inputs: list[weakref.ref[torch.UntypedStorage]] = field(default_factory=list)
     keep_reason: str = ""
     input_bytes: int = 0
+    python_state: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)
 
     @property
     def held_bytes(self) -> int:
@@ -288,13 +303,25 @@ class _CallRecorder:
         storages = {id(s): s for s in (t.untyped_storage() for t in flat_tensors(arguments))}
         call.inputs = [weakref.ref(storage) for storage in storages.values()]
         call.input_bytes = sum(storage.nbytes() for storage in storages.values())
+        args, kwargs = arguments
+        objects = _python_objects((*args, *kwargs.values()))
+        call.python_state = [(value, _state_of(value)) for value in objects]
         self.calls.append(call)
         if parent is not None:
             self.calls[parent].children.append(len(self.calls) - 1)
         self.stack.append(len(self.calls) - 1)
 
     def finished(self) -> None:
-        self.calls[self.stack.pop()].end_bytes = self.tracker.current_bytes
+        call = self.calls[self.stack.pop()]
+        call.end_bytes = self.tracker.current_bytes
+        # NOTE [Python state written in forward]
+        for value, before in call.python_state:
+            if not call.keep_reason and _state_of(value) != before:
+                call.keep_reason = (
+                    f"{call.path or 'it'} writes to the {type(value).__name__} it is given "
+                    "(Python state such as a cache: a recompute would write it again)"
+                )
+        call.python_state = []
 
     def written(self, op: str, storage: torch.UntypedStorage) -> None:
         """An op wrote ``storage`` in place: every call begun so far that reads it is kept, as
@@ -387,6 +414,40 @@ def _choose_spans(links: Sequence[_Call]) -> tuple[tuple[int, int], ...]:
             cuts |= {position, position + 1}
     ordered = sorted(cuts)
     return tuple(zip(ordered, ordered[1:], strict=False))
+
+
+def _python_objects(arguments: Any) -> list[Any]:
+    """The mutable Python objects among a call's arguments (not tensors, not plain values):
+    lists, dicts and objects such as a Hugging Face ``Cache``."""
+    found: list[Any] = []
+    pending = [arguments]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, tuple):
+            pending.extend(value)
+        elif isinstance(value, (list, dict)) or (
+            hasattr(value, "__dict__")
+            and not isinstance(value, (torch.Tensor, torch.nn.Module, type))
+            and not callable(value)
+        ):
+            found.append(value)
+    return found
+
+
+def _state_of(value: Any, depth: int = 0) -> tuple[Any, ...]:
+    """What a forward can change of ``value`` without writing a tensor: which objects and
+    tensors its lists, dicts and attributes hold, a few levels down."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", id(value))
+    if depth > _STATE_DEPTH or isinstance(value, (str, bytes, int, float, bool, type(None))):
+        return ("value", value if isinstance(value, (int, float, bool, str)) else id(value))
+    if isinstance(value, (list, tuple)):
+        return ("seq", len(value), *(_state_of(v, depth + 1) for v in value))
+    if isinstance(value, dict):
+        return ("map", *((k, _state_of(v, depth + 1)) for k, v in value.items()))
+    if isinstance(value, torch.nn.Module) or not hasattr(value, "__dict__"):
+        return ("object", id(value))
+    return ("attrs", *((k, _state_of(v, depth + 1)) for k, v in vars(value).items()))
 
 
 def _is_nest(value: Any) -> bool:
