@@ -1,8 +1,9 @@
-"""Hugging Face models as their users train them: built small with random weights (nothing
-downloaded), planned at half their peak, the budget held by the tests' own counter, and the
-plain step's gradients and the original's eval outputs kept. T5's decoder writes a ``Cache``
-object in train mode (``use_cache=True``), which a recompute would write again (NOTE [Python
-state written in forward])."""
+"""Hugging Face models as their users train them (T5, GPT-2, BERT, a Llama-style decoder): built
+small with random weights (nothing downloaded), planned at half their peak, the budget held by
+the tests' own counter, and the plain step's gradients and the original's eval outputs kept.
+T5's decoder writes a ``Cache`` object in train mode (``use_cache=True``), as GPT-2's and
+Llama's do when asked to, which a recompute would write again (NOTE [Python state written in
+forward])."""
 
 from __future__ import annotations
 
@@ -70,6 +71,92 @@ def test_t5_plans_at_half_its_peak_and_keeps_its_gradients_and_eval_outputs(trac
     _, want_loss, want = measured_step(model, inputs, **counted)
     torch.testing.assert_close(loss, want_loss)
     assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], msg=name)
+    planned = autockpt.apply(copy.deepcopy(model), plan).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(planned(*inputs), model.eval()(*inputs))
+
+
+class CausalOrMaskedLM(nn.Module):
+    """A language model taking ``input_ids``, its logits out; ``use_cache`` passed as given
+    (``True`` makes the decoder layers write a ``Cache`` in train mode too)."""
+
+    def __init__(self, model: nn.Module, use_cache: bool | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.use_cache = use_cache
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        options = {} if self.use_cache is None else {"use_cache": self.use_cache}
+        return self.model(input_ids=input_ids, **options).logits
+
+
+def _gpt2() -> nn.Module:
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    return CausalOrMaskedLM(transformers.GPT2LMHeadModel(config), use_cache=True)
+
+
+def _bert() -> nn.Module:
+    config = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return CausalOrMaskedLM(transformers.BertForMaskedLM(config))
+
+
+def _llama() -> nn.Module:
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=64,
+    )
+    return CausalOrMaskedLM(transformers.LlamaForCausalLM(config), use_cache=True)
+
+
+@pytest.mark.parametrize(
+    ("make", "tracing"),
+    [(_gpt2, "auto"), (_gpt2, "forward-hooks"), (_bert, "auto"), (_llama, "auto")],
+    ids=["gpt2-cache", "gpt2-cache-hooks", "bert", "llama-cache"],
+)
+def test_language_models_plan_at_half_their_peak_and_keep_their_gradients(make, tracing):
+    torch.manual_seed(0)
+    model = make().train()
+    inputs = (torch.randint(0, VOCAB, (16, 64)),)
+    labels = (torch.randint(0, VOCAB, (16, 64)),)
+    options = dict(loss_fn=_loss, example_targets=labels, tracing=tracing)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = autockpt.plan(model, inputs, 10**12, **options)
+        budget = plain.unplanned_peak_bytes // 2
+        plan = autockpt.plan(model, inputs, budget, **options)
+    assert not any("measuring it failed" in note for note in plan.notes), plan.notes
+    counted = dict(loss_fn=_loss, targets=labels, loss_reduction="mean")
+    peak, loss, got = measured_step(model, inputs, plan, **counted)
+    assert peak <= budget
+    _, want_loss, want = measured_step(model, inputs, **counted)
+    torch.testing.assert_close(loss, want_loss)
     for name in want:
         torch.testing.assert_close(got[name], want[name], msg=name)
     planned = autockpt.apply(copy.deepcopy(model), plan).eval()
