@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from autockpt.planner import pipeline
-from autockpt.planner.timing.time_model import TimeModel
+from autockpt.planner.timing.calibration import TimeModel
 
 SAMPLE_PARQUET = Path(__file__).resolve().parents[1] / "examples" / "data" / "sample.parquet"
 

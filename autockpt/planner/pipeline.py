@@ -68,12 +68,12 @@ from autockpt.planner.solve.chain_decoding import ChosenPlan
 from autockpt.planner.solve.forced_checkpointing import forced_plan
 from autockpt.planner.solve.option_pricing import decision_extra_s
 from autockpt.planner.solve.staged_search import StagedSearch
+from autockpt.planner.timing.calibration import calibrate
 from autockpt.planner.timing.stopwatch import Stopwatch, can_time
 from autockpt.planner.timing.time_model import (
     EstimatedCosts,
     MeasuredCosts,
     StepCosts,
-    calibrate,
 )
 from autockpt.planner.trace.fx_graph import TracedModel
 from autockpt.planner.trace.module_chain import ModuleChain, Tracing, trace_or_find_modules
@@ -138,7 +138,9 @@ def plan_one_process(
         gradients_live=gradients_live,
     )
     kept = measurer.kept
-    estimated, costs = step_costs(measurer, device, cpu_threads=cpu_threads)
+    estimated, costs = step_costs(
+        measurer, device, cpu_threads=cpu_threads, free_bytes=usable_bytes - kept.start_bytes
+    )
     builder = ChainBuilder(traced, costs, measurer.batch_size)
     notes: list[str] = [traced.note] if isinstance(traced, ModuleChain) else list(traced.notes)
     strategy: Strategy = "auto"
@@ -188,12 +190,17 @@ def plan_one_process(
 
 
 def step_costs(
-    measurer: StepMeasurer, device: torch.device, *, cpu_threads: int
+    measurer: StepMeasurer, device: torch.device, *, cpu_threads: int, free_bytes: int
 ) -> tuple[EstimatedCosts, StepCosts]:
     """The estimated costs, and the costs planning prices with: the step ``measurer`` measures
-    timed on the real model where that is cheap, else the estimates (NOTE [Time model])."""
+    timed on the real model where that is cheap, else the estimates (NOTE [Time model]).
+
+    The time model is calibrated within half of ``free_bytes``, what the budget leaves beside
+    the model's parameters, optimizer state and batch.
+    """
     traced, kept = measurer.traced, measurer.kept
-    estimated = EstimatedCosts(calibrate(device.type, device.index), kept)
+    room = max(free_bytes // 2, 0)
+    estimated = EstimatedCosts(calibrate(device.type, device.index, max_bytes=room), kept)
     if not (isinstance(traced, TracedModel) and can_time(device, kept.peak_bytes)):
         return estimated, estimated
     stopwatch = Stopwatch(

@@ -10,6 +10,10 @@ estimated as
 with the three rates measured on the target device when the planner first needs them (a
 matrix product for ``flops_per_s``, an elementwise add on a large tensor for ``bytes_per_s``,
 many tiny ops for ``op_overhead_s``; about a tenth of a second on a CPU, cached per device).
+The calibration's tensors fit half of what the budget leaves beside the model's parameters,
+optimizer state and batch (down to 64x64 matrices and 64K-element vectors): on CUDA the full
+sizes (4096x4096, 64M elements) took about 0.7 GB of the card the user said was full, and the
+caching allocator is emptied afterwards so that nvidia-smi does not keep showing it.
 A selective recompute (NOTE [Selective recompute]) also pays, for every op of its segment,
 twice what a Python dispatch mode adds to an op (timed on tiny ops under a mode that only
 runs them): on the zoo's 10-20 ms CPU steps that made recomputing every segment selectively
@@ -49,36 +53,15 @@ processes, and the choice between neighbouring chunk counts with it.
 
 from __future__ import annotations
 
-import functools
-import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
-
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from typing import Protocol, TypeVar
 
 from autockpt.planner.measure.step_profile import StepProfile
+from autockpt.planner.timing.calibration import TimeModel
 from autockpt.planner.timing.stopwatch import Stopwatch
 
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True)
-class TimeModel:
-    """Rates of one device (NOTE [Time model])."""
-
-    flops_per_s: float
-    bytes_per_s: float
-    op_overhead_s: float
-    mode_overhead_s: float = 0.0
-    """What a Python dispatch mode adds to every op it sees (selective recompute's two modes)."""
-
-    def seconds(self, *, flops: float, moved_bytes: float, num_ops: float) -> float:
-        """Estimated seconds for ``num_ops`` ops doing ``flops`` and moving ``moved_bytes``."""
-        return (
-            num_ops * self.op_overhead_s + flops / self.flops_per_s + moved_bytes / self.bytes_per_s
-        )
 
 
 @dataclass(frozen=True)
@@ -364,57 +347,3 @@ def timed_s(
     if found.timing is not None and costs.take([found.timing]):
         found = cost()
     return found.seconds
-
-
-@functools.cache
-def calibrate(device_type: str = "cpu", device_index: int | None = None) -> TimeModel:
-    """Measure the rates of a device once per process (NOTE [Time model])."""
-    device = (
-        torch.device(device_type, device_index)
-        if device_index is not None
-        else torch.device(device_type)
-    )
-    with torch.no_grad():
-        size = 384 if device.type == "cpu" else 4096
-        a = torch.randn(size, size, device=device)
-        b = torch.randn(size, size, device=device)
-        matmul_s = _median_seconds(lambda: torch.mm(a, b), device)
-        big = torch.randn(4_000_000 if device.type == "cpu" else 64_000_000, device=device)
-        add_s = _median_seconds(lambda: big.add(1.0), device)
-        tiny = torch.randn(8, device=device)
-        overhead_s = _median_seconds(lambda: tiny.add(1.0), device, repeats=200)
-        with _PassThrough():
-            in_mode_s = _median_seconds(lambda: tiny.add(1.0), device, repeats=200)
-    return TimeModel(
-        flops_per_s=2 * size**3 / max(matmul_s - overhead_s, 1e-9),
-        bytes_per_s=2 * big.numel() * big.element_size() / max(add_s - overhead_s, 1e-9),
-        op_overhead_s=overhead_s,
-        mode_overhead_s=max(in_mode_s - overhead_s, 0.0),
-    )
-
-
-class _PassThrough(TorchDispatchMode):
-    """A dispatch mode that only runs each op: what any Python mode costs per op."""
-
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
-    ) -> Any:
-        return func(*args, **(kwargs or {}))
-
-
-def _median_seconds(work: Callable[[], object], device: torch.device, repeats: int = 7) -> float:
-    work()
-    _synchronize(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        work()
-        _synchronize(device)
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2]
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -16,11 +16,15 @@ from autockpt.planner.measure.fake_step import FakeTrainingState, profile_step
 from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.runtime.segment_runners import KEEP
 from autockpt.planner.solve.whole_plan_timing import StepRunner
+from autockpt.planner.timing import calibration
+from autockpt.planner.timing.calibration import TimeModel
 from autockpt.planner.timing.stopwatch import StepTimes, Stopwatch
-from autockpt.planner.timing.time_model import EstimatedCosts, MeasuredCosts, TimeModel
+from autockpt.planner.timing.time_model import EstimatedCosts, MeasuredCosts
 from autockpt.planner.trace.fx_graph import TracedModel
 from autockpt.planner.trace.module_chain import trace_or_find_modules
+from tests.conftest import FIXED_TIME_MODEL
 from tests.helpers import BatchNormNet, MLPStack
+from tests.oracle import LiveBytes
 from tests.planner.fake_times import mlp_with_fake_times
 
 FORWARD_SLEEP_S = 0.1
@@ -341,3 +345,31 @@ def test_a_region_fed_a_keyword_default_is_timed_with_that_default():
     unplanned = autockpt.plan(model, inputs, 10**12, optimizer=None).unplanned_peak_bytes
     plan = autockpt.plan(model, inputs, int(unplanned * 0.3), optimizer=None)
     assert not any("timing the real model failed" in note for note in plan.notes), plan.notes
+
+
+@pytest.mark.parametrize("room_bytes", [2**20, 8 * 2**20])
+def test_calibration_stays_within_the_room_it_is_given(room_bytes):
+    # Planning calibrates on the device the user says is full: its tensors must fit what the
+    # budget leaves (on CUDA, 4096x4096 matrices and 64M-element vectors were ~0.7 GB).
+    counter = LiveBytes()
+    with counter:
+        rates = calibration._calibrate.__wrapped__("cpu", None, room_bytes)
+    assert counter.peak_bytes <= room_bytes
+    assert counter.peak_bytes >= room_bytes // 2  # the room is used, not ignored
+    assert rates.flops_per_s > 0 and rates.bytes_per_s > 0
+
+
+def test_planning_calibrates_within_what_the_budget_leaves(monkeypatch):
+    rooms: list[int | None] = []
+
+    def record(device_type, device_index=None, *, max_bytes=None):
+        rooms.append(max_bytes)
+        return FIXED_TIME_MODEL
+
+    monkeypatch.setattr(pipeline, "calibrate", record)
+    model, x = MLPStack(width=128, depth=4), torch.randn(2048, 128)
+    plan = autockpt.plan(model, (x,), 10**12)
+    budget = int(0.6 * plan.unplanned_peak_bytes)
+    autockpt.plan(model, (x,), budget)
+    assert rooms[0] is not None and rooms[-1] is not None
+    assert 0 < rooms[-1] <= budget // 2 < rooms[0]

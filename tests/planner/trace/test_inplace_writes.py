@@ -19,7 +19,8 @@ from autockpt.planner.runtime.segment_runners import KEEP, SegmentAction
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_positions import Profiles, unit_segments
 from autockpt.planner.solve.chain_solver import minimum_peak
-from autockpt.planner.timing.time_model import EstimatedCosts, TimeModel
+from autockpt.planner.timing.calibration import TimeModel
+from autockpt.planner.timing.time_model import EstimatedCosts
 from autockpt.planner.trace.fx_graph import Segment, TracedModel, trace_model
 from autockpt.planner.trace.inplace_writes import forbidden_cuts, keep_reason
 from autockpt.planner.trace.module_chain import trace_or_find_modules
