@@ -18,8 +18,9 @@ pl = lightning.pytorch
 from autockpt.lightning import MemoryPlan  # noqa: E402
 from tests.lightning.test_callback import Losses, _fit  # noqa: E402
 from tests.oracle import LiveBytes, starting_tensors  # noqa: E402
+from tests.planner.test_hugging_face import VOCAB, gpt2_config  # noqa: E402
 
-VOCAB, BATCH, LENGTH = 128, 16, 64
+BATCH, LENGTH = 16, 64
 
 
 class GPT2Module(pl.LightningModule):
@@ -27,19 +28,7 @@ class GPT2Module(pl.LightningModule):
 
     def __init__(self) -> None:
         super().__init__()
-        config = transformers.GPT2Config(
-            vocab_size=VOCAB,
-            n_embd=64,
-            n_layer=2,
-            n_head=4,
-            n_positions=LENGTH,
-            bos_token_id=0,
-            eos_token_id=0,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )
-        self.lm = transformers.GPT2LMHeadModel(config)
+        self.lm = transformers.GPT2LMHeadModel(gpt2_config(LENGTH))
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         (ids,) = batch

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -49,22 +50,23 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
 
 
-@pytest.mark.parametrize("tracing", ["auto", "forward-hooks"])
-def test_t5_plans_at_half_its_peak_and_keeps_its_gradients_and_eval_outputs(tracing):
-    torch.manual_seed(0)
-    model = T5Seq2Seq().train()
-    inputs = (torch.randint(0, VOCAB, (16, 64)), torch.randint(0, VOCAB, (16, 32)))
-    labels = (torch.randint(0, VOCAB, (16, 32)),)
+def _holds_at_half_its_peak(
+    model: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    labels: tuple[torch.Tensor, ...],
+    tracing: str,
+) -> autockpt.Plan:
+    """Plan ``model`` at half its unplanned peak and check the plan: every option measured,
+    the budget held by LiveBytes, the plain step's loss and gradients, the original's eval
+    outputs. Returns the plan of the unplanned step (its minimum, its peak)."""
     options = dict(loss_fn=_loss, example_targets=labels, tracing=tracing)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # fx keeps parts of T5 whole, or plans with hooks
+        warnings.simplefilter("ignore")  # fx keeps parts of these models whole, or hooks plan
         plain = autockpt.plan(model, inputs, 10**12, **options)
         budget = plain.unplanned_peak_bytes // 2
         plan = autockpt.plan(model, inputs, budget, **options)
     # Every option measured: none left out for an error of the planner's own making.
     assert not any("measuring it failed" in note for note in plan.notes), plan.notes
-    if tracing == "auto":
-        assert plain.minimum_feasible_bytes <= 0.4 * plain.unplanned_peak_bytes
     counted = dict(loss_fn=_loss, targets=labels, loss_reduction="mean")
     peak, loss, got = measured_step(model, inputs, plan, **counted)
     assert peak <= budget
@@ -76,6 +78,18 @@ def test_t5_plans_at_half_its_peak_and_keeps_its_gradients_and_eval_outputs(trac
     planned = autockpt.apply(copy.deepcopy(model), plan).eval()
     with torch.no_grad():
         torch.testing.assert_close(planned(*inputs), model.eval()(*inputs))
+    return plain
+
+
+@pytest.mark.parametrize("tracing", ["auto", "forward-hooks"])
+def test_t5_plans_at_half_its_peak_and_keeps_its_gradients_and_eval_outputs(tracing):
+    torch.manual_seed(0)
+    model = T5Seq2Seq().train()
+    inputs = (torch.randint(0, VOCAB, (16, 64)), torch.randint(0, VOCAB, (16, 32)))
+    labels = (torch.randint(0, VOCAB, (16, 32)),)
+    plain = _holds_at_half_its_peak(model, inputs, labels, tracing)
+    if tracing == "auto":
+        assert plain.minimum_feasible_bytes <= 0.4 * plain.unplanned_peak_bytes
 
 
 class CausalOrMaskedLM(nn.Module):
@@ -92,20 +106,24 @@ class CausalOrMaskedLM(nn.Module):
         return self.model(input_ids=input_ids, **options).logits
 
 
-def _gpt2() -> nn.Module:
-    config = transformers.GPT2Config(
+def gpt2_config(length: int = 64) -> Any:
+    """A small GPT-2 (2 layers of width 64, dropout off) for sequences up to ``length``."""
+    return transformers.GPT2Config(
         vocab_size=VOCAB,
         n_embd=64,
         n_layer=2,
         n_head=4,
-        n_positions=64,
+        n_positions=length,
         bos_token_id=0,
         eos_token_id=0,
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
     )
-    return CausalOrMaskedLM(transformers.GPT2LMHeadModel(config), use_cache=True)
+
+
+def _gpt2() -> nn.Module:
+    return CausalOrMaskedLM(transformers.GPT2LMHeadModel(gpt2_config()), use_cache=True)
 
 
 def _bert() -> nn.Module:
@@ -145,20 +163,4 @@ def test_language_models_plan_at_half_their_peak_and_keep_their_gradients(make, 
     model = make().train()
     inputs = (torch.randint(0, VOCAB, (16, 64)),)
     labels = (torch.randint(0, VOCAB, (16, 64)),)
-    options = dict(loss_fn=_loss, example_targets=labels, tracing=tracing)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        plain = autockpt.plan(model, inputs, 10**12, **options)
-        budget = plain.unplanned_peak_bytes // 2
-        plan = autockpt.plan(model, inputs, budget, **options)
-    assert not any("measuring it failed" in note for note in plan.notes), plan.notes
-    counted = dict(loss_fn=_loss, targets=labels, loss_reduction="mean")
-    peak, loss, got = measured_step(model, inputs, plan, **counted)
-    assert peak <= budget
-    _, want_loss, want = measured_step(model, inputs, **counted)
-    torch.testing.assert_close(loss, want_loss)
-    for name in want:
-        torch.testing.assert_close(got[name], want[name], msg=name)
-    planned = autockpt.apply(copy.deepcopy(model), plan).eval()
-    with torch.no_grad():
-        torch.testing.assert_close(planned(*inputs), model.eval()(*inputs))
+    _holds_at_half_its_peak(model, inputs, labels, tracing)
