@@ -92,6 +92,11 @@ def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
         f"{format_bytes(plan.unplanned_peak_bytes)} with nothing recomputed; minimum about "
         f"{format_bytes(plan.minimum_feasible_bytes)} (the planner's estimate)"
     )
+    if plan.planning_peak_bytes:
+        console.print(
+            f"planning:      held {format_bytes(plan.planning_peak_bytes)} at its peak, model "
+            f"and batch included, in {plan.planning_s:.1f} s"
+        )
     console.print(
         "breakdown:     "
         + per_rank.strip()

@@ -36,6 +36,19 @@ NOTE [Planning]
    :mod:`autockpt.planner.solve.whole_plan_timing`): the sums the solver minimised miss what only a
    whole step shows. Its timed overhead is the plan's predicted one.
 
+NOTE [Planning's own peak]
+Planning runs on the card the user said is full, so what it allocates counts as much as the step it
+plans. It allocates three kinds of real tensors: the real steps of a model measured on a real copy
+(NOTE [Scaled real measurement] in :mod:`autockpt.planner.measure.scaled_step`: at batches that fit
+half of the budget), the time model's calibration (sized to half of what the budget leaves free;
+:func:`step_costs`) and, on the CPU for a traced model, the timed runs of the real model at the whole
+batch (NOTE [Measured step time]; on the CPU the budget stands for a card, and the host's memory
+pays for these). The plan reports the peak: on CUDA the caching allocator's count of tensor bytes
+from the start of planning; on the CPU, where no allocator counts, the largest of: the real steps as
+the planner's tracker counted them, the calibration's tensors beside the model and batch, and the
+timed plain step's real bytes (the kept step's, measured exactly on fake tensors, with the copies
+the optimizer's timing makes).
+
 In code: :func:`plan_one_process` traces (step 1), measures the kept step
 (:class:`~autockpt.planner.measure.step_measurer.StepMeasurer`, step 2), sets up the step's costs
 (:func:`step_costs`), and hands steps 3 to 5 to
@@ -59,6 +72,7 @@ from dataclasses import dataclass
 import torch
 
 from autockpt.planner.core.units import Budget, format_bytes
+from autockpt.planner.measure.scaled_step import real_step_bytes
 from autockpt.planner.measure.step_measurer import StepMeasurer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec, StepProfile
 from autockpt.planner.plan_types import Plan, Strategy
@@ -68,7 +82,7 @@ from autockpt.planner.solve.chain_decoding import ChosenPlan
 from autockpt.planner.solve.forced_checkpointing import forced_plan
 from autockpt.planner.solve.option_pricing import decision_extra_s
 from autockpt.planner.solve.staged_search import StagedSearch
-from autockpt.planner.timing.calibration import calibrate
+from autockpt.planner.timing.calibration import calibrate, calibration_peak_bytes
 from autockpt.planner.timing.stopwatch import Stopwatch, can_time
 from autockpt.planner.timing.time_model import (
     EstimatedCosts,
@@ -125,6 +139,8 @@ def plan_one_process(
 ) -> Plan:
     """The plan of one process's step under ``budget`` (NOTE [Planning], in order)."""
     started = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # NOTE [Planning's own peak]
     traced = trace_or_find_modules(model, example_inputs, tracing=tracing)  # warns on fallback
     share = DeviceShare.on(device)
     usable_bytes = share.usable_bytes(budget.bytes)
@@ -136,10 +152,11 @@ def plan_one_process(
         optimizer=optimizer,
         autocast_dtype=autocast_dtype,
         gradients_live=gradients_live,
+        room_bytes=usable_bytes,
     )
     kept = measurer.kept
     estimated, costs = step_costs(
-        measurer, device, cpu_threads=cpu_threads, free_bytes=usable_bytes - kept.start_bytes
+        measurer, device, cpu_threads=cpu_threads, room_bytes=calibration_room(usable_bytes, kept)
     )
     builder = ChainBuilder(traced, costs, measurer.batch_size)
     notes: list[str] = [traced.note] if isinstance(traced, ModuleChain) else list(traced.notes)
@@ -186,21 +203,20 @@ def plan_one_process(
         kept=kept,
         notes=notes,
         planning_s=time.perf_counter() - started,
+        planning_peak_bytes=planning_peak_bytes(measurer, costs, device, usable_bytes),
     )
 
 
 def step_costs(
-    measurer: StepMeasurer, device: torch.device, *, cpu_threads: int, free_bytes: int
+    measurer: StepMeasurer, device: torch.device, *, cpu_threads: int, room_bytes: int
 ) -> tuple[EstimatedCosts, StepCosts]:
     """The estimated costs, and the costs planning prices with: the step ``measurer`` measures
     timed on the real model where that is cheap, else the estimates (NOTE [Time model]).
 
-    The time model is calibrated within half of ``free_bytes``, what the budget leaves beside
-    the model's parameters, optimizer state and batch.
+    The time model is calibrated within ``room_bytes`` (:func:`calibration_room`).
     """
     traced, kept = measurer.traced, measurer.kept
-    room = max(free_bytes // 2, 0)
-    estimated = EstimatedCosts(calibrate(device.type, device.index, max_bytes=room), kept)
+    estimated = EstimatedCosts(calibrate(device.type, device.index, max_bytes=room_bytes), kept)
     if not (isinstance(traced, TracedModel) and can_time(device, kept.peak_bytes)):
         return estimated, estimated
     stopwatch = Stopwatch(
@@ -216,6 +232,30 @@ def step_costs(
     return estimated, costs
 
 
+def planning_peak_bytes(
+    measurer: StepMeasurer, costs: StepCosts, device: torch.device, usable_bytes: int
+) -> int:
+    """The most memory planning held on ``device`` (NOTE [Planning's own peak])."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    kept = measurer.kept
+    held = kept.parameter_bytes + measurer.batch_bytes
+    calibration = calibration_peak_bytes(device.type, calibration_room(usable_bytes, kept))
+    peak = max(measurer.planning_peak_bytes, held + calibration)
+    if isinstance(costs, MeasuredCosts) and costs.stopwatch.spent_s > 0:
+        # The plain step at the whole batch (gradients through autograd.grad, as many bytes
+        # as .grad), and one optimizer step over copies of the parameters and their state.
+        optimizer_copies = 3 * kept.parameter_bytes + kept.optimizer_state_bytes
+        peak = max(peak, real_step_bytes(kept), held + optimizer_copies)
+    return peak
+
+
+def calibration_room(usable_bytes: int, kept: StepProfile) -> int:
+    """Bytes the time model's calibration may take: half of what the budget leaves beside the
+    model's parameters, optimizer state and batch."""
+    return max((usable_bytes - kept.start_bytes) // 2, 0)
+
+
 def plan_report(
     chosen: ChosenPlan,
     builder: ChainBuilder,
@@ -227,6 +267,7 @@ def plan_report(
     kept: StepProfile,
     notes: list[str],
     planning_s: float,
+    planning_peak_bytes: int,
 ) -> Plan:
     """What was chosen, as the :class:`Plan` the caller reads: its rows, peaks and seconds."""
     decision, final = chosen.decision, chosen.profile
@@ -259,6 +300,7 @@ def plan_report(
         unplanned_step_s=unplanned_step_s,
         fits=final.peak_bytes <= share.usable_bytes(budget.bytes),
         planning_s=planning_s,
+        planning_peak_bytes=planning_peak_bytes,
         notes=notes,
         tracing="forward-hooks" if isinstance(builder.traced, ModuleChain) else "fx",
     )

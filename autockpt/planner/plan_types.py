@@ -111,6 +111,11 @@ class Plan(BaseModel):
     """Seconds of a plain step: forward, backward and, where timed, the optimizer step."""
     fits: bool
     planning_s: float
+    planning_peak_bytes: int = 0
+    """The most memory planning itself held on the device, the model and batch included: on
+    CUDA the caching allocator's peak of tensor bytes; on the CPU the largest of what its real
+    runs held (NOTE [Planning's own peak] in :mod:`autockpt.planner.pipeline`). 0: unknown (a
+    plan saved before this was reported)."""
     notes: list[str] = []
     tracing: Tracing = "fx"
     """How the segments were found: ``"fx"``, runs of traced graph nodes; ``"forward-hooks"``,

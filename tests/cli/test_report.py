@@ -1,4 +1,5 @@
-"""The plan report: how the step time a plan adds (or saves) is printed."""
+"""The plan report: how the step time a plan adds (or saves) and planning's own peak are
+printed."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ def plan() -> autockpt.Plan:
     return autockpt.plan(model, inputs, 10**12, use_gradient_checkpointing=True)
 
 
-def _step_time_line(plan: autockpt.Plan) -> str:
+def _line(plan: autockpt.Plan, start: str) -> str:
     out = io.StringIO()
     print_plan(Console(file=out, width=200, highlight=False), plan, budget_given=True)
-    return next(line for line in out.getvalue().splitlines() if line.startswith("step time:"))
+    return next(line for line in out.getvalue().splitlines() if line.startswith(start))
 
 
 @pytest.mark.parametrize(
@@ -33,7 +34,14 @@ def _step_time_line(plan: autockpt.Plan) -> str:
     ],
 )
 def test_the_step_time_a_plan_adds_or_saves_is_printed_with_its_sign(plan, extra_s, shown):
-    line = _step_time_line(
-        plan.model_copy(update={"predicted_extra_s": extra_s, "unplanned_step_s": 1.0})
+    line = _line(
+        plan.model_copy(update={"predicted_extra_s": extra_s, "unplanned_step_s": 1.0}),
+        "step time:",
     )
     assert shown in line, line
+
+
+def test_planning_s_own_peak_is_printed_beside_the_step_s(plan):
+    assert plan.planning_peak_bytes > 0
+    line = _line(plan.model_copy(update={"planning_peak_bytes": 3 * 2**20}), "planning:")
+    assert "held 3.00 MiB at its peak" in line, line

@@ -1,4 +1,5 @@
-"""Copies of a module on fake tensors: shapes and bytes without memory or time."""
+"""Copies of a module to measure on: on fake tensors (shapes and bytes without memory or time),
+or real ones that share the original's parameter memory."""
 
 from __future__ import annotations
 
@@ -28,6 +29,27 @@ def fake_copy(module: ModuleT, mode: FakeTensorMode) -> ModuleT:
     for buffer in module.buffers():
         memo[id(buffer)] = mode.from_tensor(buffer)
     return copy.deepcopy(module, memo)
+
+
+def parameter_sharing_copy(module: ModuleT) -> ModuleT:
+    """A deep copy of ``module`` whose parameters share the original's memory.
+
+    For measuring real steps (NOTE [Scaled real measurement] in
+    :mod:`autockpt.planner.measure.scaled_step`) without taking the model's memory twice on
+    the device it is planned for. Each parameter is a new ``Parameter`` over the same data, so
+    a backward on the copy writes the copy's ``.grad``, never the original's; buffers are
+    copied (a training forward updates BatchNorm's statistics in place). Nothing may write the
+    copy's parameters: the planner never runs a real optimizer step on it.
+    """
+    memo: dict[int, Any] = {}
+    for parameter in module.parameters():
+        memo[id(parameter)] = torch.nn.Parameter(
+            parameter.detach(), requires_grad=parameter.requires_grad
+        )
+    copied = copy.deepcopy(module, memo)
+    for parameter in copied.parameters():
+        parameter.grad = None
+    return copied
 
 
 def storages(value: Any) -> Iterator[torch.UntypedStorage]:

@@ -236,6 +236,13 @@ class FakeTrainingState:
         on_cuda = all(p.device.type == "cuda" for p in trainable)
         foreach = any(s is True or (s is None and on_cuda) for s in foreach_settings)
         chosen = trainable if foreach else [max(trainable, key=lambda p: p.numel())]
+        if self.mode is None:
+            # A real copy shares the model's parameter memory (NOTE [Scaled real
+            # measurement]): a step over it would write the model. Meta stand-ins count alike.
+            chosen = [
+                torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=True)
+                for p in chosen
+            ]
         probe = _same_kind(self.optimizer, chosen)
         for parameter in chosen:
             parameter.grad = torch.zeros_like(parameter)

@@ -15,9 +15,21 @@ from typing import Any
 
 import torch
 
-from autockpt.planner.core.batch_split import batch_size_of, split_batch
+from autockpt.planner.core.batch_split import (
+    batch_size_of,
+    piece_sizes,
+    split_batch,
+    take_samples,
+)
+from autockpt.planner.core.fake_copies import storages
 from autockpt.planner.core.memory_tracker import RealSizeOracle
 from autockpt.planner.measure.fake_step import FakeTrainingState, profile_step
+from autockpt.planner.measure.scaled_step import (
+    ScaledBatches,
+    real_step_bytes,
+    scaled_batches,
+    scaled_profile,
+)
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec, StepProfile
 from autockpt.planner.runtime.segment_runners import KEEP, SegmentAction
 from autockpt.planner.trace.fx_graph import Segment, TracedModel
@@ -27,8 +39,16 @@ from autockpt.planner.trace.module_chain import ModuleChain
 class StepMeasurer:
     """Measures the step of ``traced`` on its example batch, planned with any actions.
 
+    On a real copy (a model that does not run on fake tensors) with ``room_bytes`` given,
+    steps whose whole batch would not fit run at smaller batches and are scaled (NOTE [Scaled
+    real measurement]).
+
     Attributes:
         kept: the step with every segment kept, measured on construction (the optimizer run).
+        scaled: the batches real steps are measured at, or ``None``: the whole batch.
+        batch_bytes: the bytes of the example batch, inputs and targets.
+        planning_peak_bytes: the most real bytes a measured real step held, the caller's
+            batch included (0 on fake tensors).
     """
 
     def __init__(
@@ -41,6 +61,7 @@ class StepMeasurer:
         optimizer: OptimizerSpec,
         autocast_dtype: torch.dtype | None,
         gradients_live: bool,
+        room_bytes: int | None = None,
     ) -> None:
         self.traced = traced
         self.example_inputs = example_inputs
@@ -53,15 +74,27 @@ class StepMeasurer:
         self.fake_state = FakeTrainingState(
             traced, optimizer=optimizer, gradients_live=gradients_live
         )
-        self.kept = profile_step(
-            self.fake_state,
-            example_inputs,
-            [KEEP] * len(traced.segments),
-            loss_fn=loss_fn,
-            example_targets=example_targets,
-            size_oracle=self.oracle,
-            autocast_dtype=autocast_dtype,
+        self.planning_peak_bytes = 0
+        self.room_bytes = room_bytes if room_bytes is not None else 2**62
+        self.scaled: ScaledBatches | None = None
+        self.batch_bytes = sum(
+            {id(s): s.nbytes() for s in storages((example_inputs, example_targets))}.values()
         )
+        kept = [KEEP] * len(traced.segments)
+        if traced.fake_mode is None and room_bytes is not None:
+            # NOTE [Scaled real measurement]
+            try:
+                self.scaled = scaled_batches(
+                    lambda samples: self._run(
+                        self._leading((example_inputs, example_targets), samples), kept, 1
+                    ),
+                    self.batch_size,
+                    room_bytes=room_bytes,
+                    held_bytes=self.batch_bytes,
+                )
+            except Exception:  # a model that refuses a few samples: measured whole
+                self.scaled = None
+        self.kept = self._profile((example_inputs, example_targets), kept, 1, first=True)
 
     def measure(
         self,
@@ -72,7 +105,59 @@ class StepMeasurer:
     ) -> StepProfile:
         """The step run as ``segments`` with ``actions``, on ``batch`` (inputs, targets)
         or the example batch; the optimizer's peak is the kept step's."""
-        inputs, targets = batch or (self.example_inputs, self.example_targets)
+        batch = batch or (self.example_inputs, self.example_targets)
+        profile = self._profile(batch, actions, num_micro_batches, segments=segments)
+        optimizer_peak = self.kept.phase_peak_bytes["optimizer"]
+        profile.phase_peak_bytes["optimizer"] = optimizer_peak
+        profile.peak_bytes = max(profile.peak_bytes, optimizer_peak)
+        return profile
+
+    def _profile(
+        self,
+        batch: tuple[Sequence[Any], Sequence[Any]],
+        actions: Sequence[SegmentAction],
+        num_micro_batches: int,
+        *,
+        segments: Sequence[Segment] | None = None,
+        first: bool = False,
+    ) -> StepProfile:
+        """The step on ``batch``: measured whole, or, on a real copy whose pieces would not
+        fit, at two smaller batches and read off their line (NOTE [Scaled real measurement])."""
+        scaled = self.scaled
+        size = piece_sizes(batch[0], num_micro_batches)[0]
+        if scaled is not None:
+            chunks = max((a.num_chunks for a in actions), default=1)
+            low = max(scaled.low, chunks)
+            high = max(scaled.high, 2 * low)
+            if high < size:
+                low_profile, high_profile = (
+                    self._run(
+                        self._leading(batch, samples * num_micro_batches),
+                        actions,
+                        num_micro_batches,
+                        segments=segments,
+                        first=first,
+                    )
+                    for samples in (low, high)
+                )
+                profile = scaled_profile(low_profile, high_profile, low, high, size)
+                if real_step_bytes(profile) > self.room_bytes:
+                    return profile
+                # It fits the budget by the line, margin included: measured whole, it is
+                # exact (step 3).
+        return self._run(batch, actions, num_micro_batches, segments=segments, first=first)
+
+    def _run(
+        self,
+        batch: tuple[Sequence[Any], Sequence[Any]],
+        actions: Sequence[SegmentAction],
+        num_micro_batches: int,
+        *,
+        segments: Sequence[Segment] | None = None,
+        first: bool = False,
+    ) -> StepProfile:
+        """One measured step on ``batch``; the first runs the optimizer and counts the work."""
+        inputs, targets = batch
         profile = profile_step(
             self.fake_state,
             inputs,
@@ -81,15 +166,30 @@ class StepMeasurer:
             example_targets=targets,
             num_micro_batches=num_micro_batches,
             size_oracle=self.oracle,
-            run_optimizer=False,
-            count_work=False,
+            run_optimizer=first,
+            count_work=first,
             autocast_dtype=self.autocast_dtype,
             segments=segments,
         )
-        optimizer_peak = self.kept.phase_peak_bytes["optimizer"]
-        profile.phase_peak_bytes["optimizer"] = optimizer_peak
-        profile.peak_bytes = max(profile.peak_bytes, optimizer_peak)
+        if self.traced.fake_mode is None:
+            # A real step: what it held, and the caller's batch beside a smaller one.
+            outside = self.batch_bytes if inputs is not self.example_inputs else 0
+            self.planning_peak_bytes = max(
+                self.planning_peak_bytes, real_step_bytes(profile) + outside
+            )
         return profile
+
+    def _leading(
+        self, batch: tuple[Sequence[Any], Sequence[Any]], samples: int
+    ) -> tuple[list[Any], list[Any]]:
+        """The first ``samples`` samples of ``batch`` (inputs, targets)."""
+        inputs, targets = batch
+        size = batch_size_of(inputs) or self.batch_size
+        cut = slice(0, samples)
+        return (
+            take_samples(inputs, cut, batch_size=size),
+            take_samples(targets, cut, batch_size=size),
+        )
 
     def all_recomputed(
         self, segments: Sequence[Segment], num_micro_batches: int = 1

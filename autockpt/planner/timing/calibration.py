@@ -49,9 +49,18 @@ def calibrate(
             what the budget leaves free beside the model (``None``: the full sizes). The room is
             rounded down to a power of two, so that nearby budgets share one calibration.
     """
-    if max_bytes is not None:
-        max_bytes = 1 << max(int(max_bytes), 1).bit_length() - 1
-    return _calibrate(device_type, device_index, max_bytes)
+    return _calibrate(device_type, device_index, _rounded(max_bytes))
+
+
+def calibration_peak_bytes(device_type: str, max_bytes: int | None) -> int:
+    """The most bytes :func:`calibrate` holds at once within ``max_bytes`` (float32 tensors:
+    three matrices, or two vectors)."""
+    side, length = calibration_sizes(device_type, _rounded(max_bytes))
+    return max(3 * side * side, 2 * length) * 4
+
+
+def _rounded(max_bytes: int | None) -> int | None:
+    return None if max_bytes is None else 1 << max(int(max_bytes), 1).bit_length() - 1
 
 
 def calibration_sizes(device_type: str, max_bytes: int | None) -> tuple[int, int]:

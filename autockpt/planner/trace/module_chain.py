@@ -40,9 +40,11 @@ one.
 *Measuring it.* The fake copy is the planner's usual fake model, and the step measurements are those
 of :mod:`autockpt.planner.measure.fake_step`: same tracker, same per-segment attribution, same chain
 model, same final measurement of the chosen plan. A forward that reads tensor values cannot run on
-fake tensors; then the model is measured on a real deep copy at the example inputs (same accounting,
-but a real step's memory and time, on the device of the model: the unplanned step must fit there
-once).
+fake tensors; then the model is measured on a real copy that shares its parameters' memory (the
+forward that finds the chain runs on the first ``RECORDED_SAMPLES`` samples), its steps at batches
+small enough to fit the budget beside the model, scaled to the example batch (same accounting, but
+real steps on the model's device; NOTE [Scaled real measurement] in
+:mod:`autockpt.planner.measure.scaled_step`).
 
 *Splitting the batch.* Micro-batches cut the model's inputs, not a module's arguments: every
 tensor whose dim 0 is the batch, inside tuples, lists and dicts too
@@ -55,21 +57,13 @@ every output leaf is a tensor carrying it and each sample alone gives its slice.
 ``forward`` then splits the flattened arguments, runs each piece checkpointed, and joins the
 output leaves (NOTE [Segment runners]). A span never runs in chunks.
 
-NOTE [Python state written in forward]
-A forward may write Python state rather than tensors: a Hugging Face decoder layer appends its
-keys and values to the ``Cache`` object it is given (``use_cache=True``), a layer appends to a
-list or dict its caller passes. torch sees no tensor written, but a recompute runs the forward
-again and writes it again: the cache grows, the recompute saves other tensors than the forward
-did, and torch's checkpoint fails (T5: "51 vs 47" tensors saved). So every call's mutable
-arguments (lists, dicts, objects, not tensors) are fingerprinted before and after it: which
-objects and tensors they hold, a few levels down. A call that changed one is kept, like one that
-writes its input in place, and the keep reason names the object's type.
+What a call writes in the Python objects it is given is found as in-place writes are (NOTE [Python
+state written in forward] in :mod:`autockpt.planner.trace.python_state`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import warnings
 import weakref
@@ -84,22 +78,23 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_map_only
 
 from autockpt.errors import TraceError, describe_error
-from autockpt.planner.core.fake_copies import fake_copy
+from autockpt.planner.core.batch_split import batch_size_of, take_samples
+from autockpt.planner.core.fake_copies import fake_copy, parameter_sharing_copy
 from autockpt.planner.core.memory_tracker import MemoryTracker, flat_tensors
 from autockpt.planner.trace.cut_points import SEGMENT_CROSSING_WEIGHT, RunCosts
 from autockpt.planner.trace.fx_graph import Segment, TracedModel, trace_model
 from autockpt.planner.trace.inplace_writes import WriteRecorder
 from autockpt.planner.trace.opaque_modules import weigh_opaque
+from autockpt.planner.trace.python_state import python_objects, state_of
 
 Tracing = Literal["auto", "forward-hooks"]
 """How :func:`autockpt.plan` finds segments: fx with the module chain as fallback, or the chain."""
 
-#: How many levels of lists, dicts and attributes below a call's argument are compared before
-#: and after the call (NOTE [Python state written in forward]).
-_STATE_DEPTH = 4
 #: A link is looked into when it holds more than DESCEND_SHARE of the chain's bytes and its
 #: own calls more than COVERED_SHARE of its bytes (NOTE [Module chain]).
 DESCEND_SHARE, COVERED_SHARE = 1 / 3, 0.5
+#: Samples a real copy's calls are recorded on (NOTE [Module chain], *Measuring it*).
+RECORDED_SAMPLES = 16
 
 
 @dataclass(frozen=True)
@@ -115,7 +110,7 @@ class ModuleChain:
             (NOTE [Module spans]); one of a single link may run in chunks.
         region_segments: one segment per region, with its links' module paths.
         fake_module: the copy steps are measured on: fake when the forward runs on fake
-            tensors, else a real deep copy of the model.
+            tensors, else a real copy sharing the model's parameters.
         fake_mode: the fake tensor mode of ``fake_module``; ``None`` for a real copy.
         note: why the fallback is used and what it does, one sentence (the plan's warning).
     """
@@ -184,8 +179,9 @@ def find_module_chain(
 
     Returns:
         The chain, with the copy its steps are measured on. A real copy (when the forward
-        does not run on fake tensors) takes the model's memory again, on its device, and each
-        measurement is a real step at the example batch.
+        does not run on fake tensors) shares the model's parameter memory; its calls are
+        recorded on the first ``RECORDED_SAMPLES`` samples, and its steps measured at a batch
+        that fits the budget (NOTE [Scaled real measurement]).
 
     Raises:
         TraceError: no submodule qualifies as a link.
@@ -199,10 +195,8 @@ def find_module_chain(
         calls = _record_calls(copied, example_inputs, mode)
     except Exception as error:  # data-dependent ops and the like: any failure means "run it"
         fake_mode = None
-        copied = copy.deepcopy(model)
-        for parameter in copied.parameters():
-            parameter.grad = None
-        calls = _record_calls(copied, example_inputs, None)
+        copied = parameter_sharing_copy(model)
+        calls = _record_calls(copied, _few_samples(example_inputs), None)
         measured_on = (
             "; measured on real tensors, since the forward does not run on fake ones "
             f"({describe_error(error)})"
@@ -304,8 +298,8 @@ class _CallRecorder:
         call.inputs = [weakref.ref(storage) for storage in storages.values()]
         call.input_bytes = sum(storage.nbytes() for storage in storages.values())
         args, kwargs = arguments
-        objects = _python_objects((*args, *kwargs.values()))
-        call.python_state = [(value, _state_of(value)) for value in objects]
+        objects = python_objects((*args, *kwargs.values()))
+        call.python_state = [(value, state_of(value)) for value in objects]
         self.calls.append(call)
         if parent is not None:
             self.calls[parent].children.append(len(self.calls) - 1)
@@ -316,7 +310,7 @@ class _CallRecorder:
         call.end_bytes = self.tracker.current_bytes
         # NOTE [Python state written in forward]
         for value, before in call.python_state:
-            if not call.keep_reason and _state_of(value) != before:
+            if not call.keep_reason and state_of(value) != before:
                 call.keep_reason = (
                     f"{call.path or 'it'} writes to the {type(value).__name__} it is given "
                     "(Python state such as a cache: a recompute would write it again)"
@@ -373,6 +367,15 @@ def _record_calls(
     return calls
 
 
+def _few_samples(example_inputs: Sequence[Any]) -> list[Any]:
+    """The first ``RECORDED_SAMPLES`` samples of the batch (all of it where it is not larger):
+    a real forward's held bytes, in proportion, are what the chain is chosen by."""
+    size = batch_size_of(example_inputs)
+    if size is None or size <= RECORDED_SAMPLES:
+        return list(example_inputs)
+    return take_samples(example_inputs, slice(0, RECORDED_SAMPLES), batch_size=size)
+
+
 def _choose_links(calls: list[_Call]) -> list[int]:
     """The chain, as call indices in call order (NOTE [Module chain])."""
     if not calls:
@@ -414,40 +417,6 @@ def _choose_spans(links: Sequence[_Call]) -> tuple[tuple[int, int], ...]:
             cuts |= {position, position + 1}
     ordered = sorted(cuts)
     return tuple(zip(ordered, ordered[1:], strict=False))
-
-
-def _python_objects(arguments: Any) -> list[Any]:
-    """The mutable Python objects among a call's arguments (not tensors, not plain values):
-    lists, dicts and objects such as a Hugging Face ``Cache``."""
-    found: list[Any] = []
-    pending = [arguments]
-    while pending:
-        value = pending.pop()
-        if isinstance(value, tuple):
-            pending.extend(value)
-        elif isinstance(value, (list, dict)) or (
-            hasattr(value, "__dict__")
-            and not isinstance(value, (torch.Tensor, torch.nn.Module, type))
-            and not callable(value)
-        ):
-            found.append(value)
-    return found
-
-
-def _state_of(value: Any, depth: int = 0) -> tuple[Any, ...]:
-    """What a forward can change of ``value`` without writing a tensor: which objects and
-    tensors its lists, dicts and attributes hold, a few levels down."""
-    if isinstance(value, torch.Tensor):
-        return ("tensor", id(value))
-    if depth > _STATE_DEPTH or isinstance(value, (str, bytes, int, float, bool, type(None))):
-        return ("value", value if isinstance(value, (int, float, bool, str)) else id(value))
-    if isinstance(value, (list, tuple)):
-        return ("seq", len(value), *(_state_of(v, depth + 1) for v in value))
-    if isinstance(value, dict):
-        return ("map", *((k, _state_of(v, depth + 1)) for k, v in value.items()))
-    if isinstance(value, torch.nn.Module) or not hasattr(value, "__dict__"):
-        return ("object", id(value))
-    return ("attrs", *((k, _state_of(v, depth + 1)) for k, v in vars(value).items()))
 
 
 def _is_nest(value: Any) -> bool:
