@@ -416,6 +416,15 @@ MUTATIONS = (
         ("tests/planner/measure/test_scaled_step.py",),
     ),
     Mutation(
+        "recording-graph-kept",
+        "the forward that finds the module chain stays alive through planning (a module keeps "
+        "its outputs)",
+        "autockpt/planner/trace/module_chain.py",
+        "        gc.collect()\n        copied = parameter_sharing_copy(model)",
+        "        copied = parameter_sharing_copy(model)",
+        ("tests/lightning/test_forecasting.py",),
+    ),
+    Mutation(
         "python-state-unseen",
         "a call that writes to a cache or list it is given may be recomputed",
         "autockpt/planner/trace/module_chain.py",

@@ -165,7 +165,8 @@ class StepMeasurer:
             loss_fn=self.loss_fn,
             example_targets=targets,
             num_micro_batches=num_micro_batches,
-            size_oracle=self.oracle,
+            # Real tensors report their real sizes: no zeros run beside them.
+            size_oracle=self.oracle if self.traced.fake_mode is not None else None,
             run_optimizer=first,
             count_work=first,
             autocast_dtype=self.autocast_dtype,

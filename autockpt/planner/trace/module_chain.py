@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import warnings
 import weakref
 from collections import Counter
@@ -195,8 +196,12 @@ def find_module_chain(
         calls = _record_calls(copied, example_inputs, mode)
     except Exception as error:  # data-dependent ops and the like: any failure means "run it"
         fake_mode = None
+        calls = _record_calls(parameter_sharing_copy(model), _few_samples(example_inputs), None)
+        # A fresh copy to measure on: the recording's may hold its forward's graph (a
+        # pytorch-forecasting model keeps each step's outputs in a list). Modules sit in
+        # reference cycles, and plan() pauses the cyclic collector: collected here, now.
+        gc.collect()
         copied = parameter_sharing_copy(model)
-        calls = _record_calls(copied, _few_samples(example_inputs), None)
         measured_on = (
             "; measured on real tensors, since the forward does not run on fake ones "
             f"({describe_error(error)})"
