@@ -425,6 +425,14 @@ MUTATIONS = (
         ("tests/lightning/test_forecasting.py",),
     ),
     Mutation(
+        "lightning-hooks-only",
+        "the Lightning callback plans module-level segments even where the forward traces",
+        "autockpt/lightning/callback.py",
+        "                inputs = forward_inputs(pl_module, batch, batch_idx, trainer)",
+        "                inputs = None",
+        ("tests/lightning/test_forward_plan.py",),
+    ),
+    Mutation(
         "python-state-unseen",
         "a call that writes to a cache or list it is given may be recomputed",
         "autockpt/planner/trace/module_chain.py",

@@ -6,11 +6,16 @@ NOTE [Planning a LightningModule]
 device), before its step: the batch size, the optimizer Lightning built, the precision and the
 number of ranks are all known then, and nothing has been allocated for the step yet.
 
-*What.* The planner measures the real ``training_step(batch, batch_idx)`` and the backward of
-the loss it returns (:class:`~autockpt.lightning.step.LightningStep`), with module-level
-segments, on a copy of the module that sees the trainer and logs nothing. The optimizer's state is counted from the optimizer
+*What.* Where ``training_step`` calls the module's own ``forward`` and torch.fx traces it, the
+planner plans that ``forward`` with fx, the rest of the step being the loss (NOTE [Tracing a
+LightningModule's forward]); it is as low as the library plans. Otherwise it measures the real
+``training_step(batch, batch_idx)`` and the backward of the loss it returns
+(:class:`~autockpt.lightning.step.LightningStep`), with module-level segments, on a copy of the
+module that sees the trainer and logs nothing. The optimizer's state is counted from the optimizer
 Lightning built, ``"bf16-mixed"`` and ``"16-mixed"`` measure under autocast. The plan is put
-into the LightningModule Lightning trains (:class:`~autockpt.lightning.step.InstalledPlan`):
+into the LightningModule Lightning trains (its planned ``forward``,
+:class:`~autockpt.lightning.forward_plan.InstalledForward`, or its planned submodules,
+:class:`~autockpt.lightning.step.InstalledPlan`):
 same parameters, same ``state_dict`` keys; evaluation, validation and prediction run the same
 computation (a recomputed submodule only changes what backward keeps).
 
@@ -45,7 +50,8 @@ import torch
 from rich.console import Console
 
 import autockpt
-from autockpt.errors import InfeasibleBudgetError, PlanMismatchError
+from autockpt.errors import InfeasibleBudgetError, PlanMismatchError, PlanningError, TraceError
+from autockpt.lightning.forward_plan import InstalledForward, LossAfterForward, forward_inputs
 from autockpt.lightning.step import InstalledPlan, LightningStep, step_loss
 from autockpt.planner.plan_types import Plan
 
@@ -67,6 +73,9 @@ class MemoryPlan(pl.Callback):
             memory less a margin).
         use_gradient_checkpointing: ``None`` lets the planner choose for the budget, ``True``
             recomputes every segment, ``False`` none.
+        allow_chunks: let the plan run batch-separable segments in chunks. With dropout on,
+            each chunk draws its own masks: turn it off where the losses must be the unplanned
+            run's bit for bit (recompute alone keeps the masks).
         show: print the plan table once, on rank 0.
 
     Example::
@@ -80,16 +89,18 @@ class MemoryPlan(pl.Callback):
         budget: str | int = "auto",
         *,
         use_gradient_checkpointing: bool | None = None,
+        allow_chunks: bool = True,
         show: bool = True,
     ) -> None:
         super().__init__()
         self.budget = budget
         self.use_gradient_checkpointing = use_gradient_checkpointing
+        self.allow_chunks = allow_chunks
         self.show = show
         self.plan: Plan | None = None
         """The plan in use, once the first training batch has started."""
         self._saved_plan: Plan | None = None
-        self._installed: InstalledPlan | None = None
+        self._installed: InstalledPlan | InstalledForward | None = None
 
     # ------------------------------------------------------------------ Lightning hooks
 
@@ -111,14 +122,12 @@ class MemoryPlan(pl.Callback):
         plan = self._saved_plan
         if plan is None:
             plan = self._plan_on_rank_zero(trainer, pl_module, batch, batch_idx)
-        step = LightningStep(pl_module, batch_idx, trainer)
         try:
-            planned = autockpt.apply(step, plan)
+            self._installed = _install(pl_module, plan, batch_idx, trainer)
         except PlanMismatchError:
             # A checkpoint's plan for another module: plan this one.
             plan = self._plan_on_rank_zero(trainer, pl_module, batch, batch_idx)
-            planned = autockpt.apply(step, plan)
-        self._installed = InstalledPlan(pl_module, planned)
+            self._installed = _install(pl_module, plan, batch_idx, trainer)
         self.plan = plan
         if self.show and trainer.is_global_zero and self._saved_plan is None:
             self._print(plan)
@@ -154,23 +163,41 @@ class MemoryPlan(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> Plan:
         optimizers = trainer.optimizers
-        step = LightningStep(pl_module, batch_idx, trainer)
+        options: dict[str, Any] = dict(
+            optimizer=optimizers[0] if len(optimizers) == 1 else "adamw",
+            device=pl_module.device,
+            use_gradient_checkpointing=self.use_gradient_checkpointing,
+            allow_micro_batches=False,
+            allow_chunks=self.allow_chunks,
+            autocast_dtype=AUTOCAST_DTYPES.get(str(trainer.precision)),
+            world_size=trainer.world_size,
+            gradients_live=trainer.accumulate_grad_batches > 1,
+        )
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*module-level segments asked for.*")
             try:
+                # NOTE [Tracing a LightningModule's forward]
+                inputs = forward_inputs(pl_module, batch, batch_idx, trainer)
+                if inputs is not None:
+                    try:
+                        return autockpt.plan(
+                            pl_module,
+                            inputs,
+                            self.budget,
+                            loss_fn=LossAfterForward(pl_module, batch_idx, trainer),
+                            example_targets=(batch,),
+                            tracing="fx",
+                            **options,
+                        )
+                    except (TraceError, PlanningError):
+                        pass  # module-level segments, below
                 return autockpt.plan(
-                    step,
+                    LightningStep(pl_module, batch_idx, trainer),
                     (batch,),
                     self.budget,
                     loss_fn=step_loss,
-                    optimizer=optimizers[0] if len(optimizers) == 1 else "adamw",
-                    device=pl_module.device,
-                    use_gradient_checkpointing=self.use_gradient_checkpointing,
-                    allow_micro_batches=False,
-                    autocast_dtype=AUTOCAST_DTYPES.get(str(trainer.precision)),
-                    world_size=trainer.world_size,
                     tracing="forward-hooks",
-                    gradients_live=trainer.accumulate_grad_batches > 1,
+                    **options,
                 )
             except InfeasibleBudgetError as error:
                 raise InfeasibleBudgetError(
@@ -193,3 +220,13 @@ class MemoryPlan(pl.Callback):
         if self._installed is not None:
             self._installed.remove()
             self._installed = None
+
+
+def _install(
+    pl_module: pl.LightningModule, plan: Plan, batch_idx: int, trainer: pl.Trainer
+) -> InstalledPlan | InstalledForward:
+    """Put ``plan`` into ``pl_module``: its traced ``forward``, or its planned submodules."""
+    if plan.tracing == "fx":
+        return InstalledForward(pl_module, autockpt.apply(pl_module, plan))
+    step = LightningStep(pl_module, batch_idx, trainer)
+    return InstalledPlan(pl_module, autockpt.apply(step, plan))

@@ -107,7 +107,8 @@ def plan(
             found with forward hooks (NOTE [Module chain]); ``"forward-hooks"`` plans
             module-level segments directly, so that the plan acts on the model's submodules
             and not on a traced copy of its forward (what a wrapper whose ``forward`` runs
-            someone else's training step needs, e.g. :mod:`autockpt.lightning`).
+            someone else's training step needs, e.g. :mod:`autockpt.lightning`); ``"fx"``
+            traces with torch.fx or raises :class:`TraceError`, with no fallback.
         gradients_live: the loop keeps every gradient alive through the forward (it
             accumulates them over batches, or zeroes them only after the forward): they are
             counted from the start of the step.

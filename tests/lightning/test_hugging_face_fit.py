@@ -16,8 +16,7 @@ transformers = pytest.importorskip("transformers", reason="the hf extra is not i
 pl = lightning.pytorch
 
 from autockpt.lightning import MemoryPlan  # noqa: E402
-from tests.lightning.test_callback import Losses, _fit  # noqa: E402
-from tests.oracle import LiveBytes, starting_tensors  # noqa: E402
+from tests.lightning.test_callback import EveryStepPeak, Losses, _fit  # noqa: E402
 from tests.planner.test_hugging_face import VOCAB, gpt2_config  # noqa: E402
 
 BATCH, LENGTH = 16, 64
@@ -39,28 +38,6 @@ class GPT2Module(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
-
-
-class EveryStepPeak(pl.Callback):
-    """The highest peak over every training batch, each counted by LiveBytes from its start
-    (parameters, gradients, optimizer state, the batch) to its end."""
-
-    def __init__(self) -> None:
-        self.counter: LiveBytes | None = None
-        self.peaks: list[int] = []
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self.counter = LiveBytes()
-        optimizer = trainer.optimizers[0]
-        for tensor in starting_tensors(pl_module, optimizer, list(batch)):
-            self.counter.hold(tensor)
-        self.counter.__enter__()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        assert self.counter is not None
-        self.counter.__exit__(None, None, None)
-        self.peaks.append(self.counter.peak_bytes)
-        self.counter = None
 
 
 def _loader() -> torch.utils.data.DataLoader:

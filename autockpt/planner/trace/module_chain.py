@@ -88,8 +88,9 @@ from autockpt.planner.trace.inplace_writes import WriteRecorder
 from autockpt.planner.trace.opaque_modules import weigh_opaque
 from autockpt.planner.trace.python_state import python_objects, state_of
 
-Tracing = Literal["auto", "forward-hooks"]
-"""How :func:`autockpt.plan` finds segments: fx with the module chain as fallback, or the chain."""
+Tracing = Literal["auto", "fx", "forward-hooks"]
+"""How :func:`autockpt.plan` finds segments: fx with the module chain as fallback, fx alone, or
+the chain."""
 
 #: A link is looked into when it holds more than DESCEND_SHARE of the chain's bytes and its
 #: own calls more than COVERED_SHARE of its bytes (NOTE [Module chain]).
@@ -139,13 +140,15 @@ def trace_or_find_modules(
         example_inputs: positional inputs at the training batch size; a dict or other nest of
             tensors sends the model to the fallback directly (the fx stages take tensors).
         tracing: ``"forward-hooks"`` skips fx and finds the module chain, without a warning
-            (the caller asked for it; the chain's note still says so).
+            (the caller asked for it; the chain's note still says so); ``"fx"`` never falls
+            back: where fx does not trace the whole model, :class:`TraceError`.
 
     Returns:
         A :class:`~autockpt.planner.trace.fx_graph.TracedModel`, or a :class:`ModuleChain`.
 
     Raises:
-        TraceError: neither fx nor forward hooks find a chain (the message gives both reasons).
+        TraceError: neither fx nor forward hooks find a chain (the message gives both reasons),
+            or, with ``tracing="fx"``, fx does not.
     """
     name = type(model).__name__
     if tracing == "forward-hooks":
@@ -156,13 +159,15 @@ def trace_or_find_modules(
             if not traced.opaque:
                 return traced
             descend, why = weigh_opaque(model, example_inputs, traced)
-            if not descend:  # NOTE [Opaque submodules]
+            if not descend or tracing == "fx":  # NOTE [Opaque submodules]
                 warnings.warn(why, stacklevel=5)
                 return dataclasses.replace(traced, notes=(*traced.notes, why))
         except TraceError as error:
             why = f"torch.fx cannot trace {name} ({_one_line(error.__cause__ or error)})"
     else:
         why = f"{name} takes a dict or another nest of tensors, which the torch.fx planner does not"
+    if tracing == "fx":
+        raise TraceError(f"{why}; tracing='fx' asked for no fallback")
     chain = find_module_chain(model, example_inputs, why=why)
     warnings.warn(chain.note, stacklevel=5)
     return chain
