@@ -433,6 +433,14 @@ MUTATIONS = (
         ("tests/lightning/test_forward_plan.py",),
     ),
     Mutation(
+        "naive-forecast-shifted",
+        "the no-change forecast is the normalised 0, not the normalised value of a raw return of 0",
+        "autockpt/training/baselines.py",
+        "            no_change=torch.tensor((0.0 - mean) / std, dtype=torch.float32),",
+        "            no_change=torch.zeros(len(mean)),",
+        ("tests/training/test_baselines.py",),
+    ),
+    Mutation(
         "python-state-unseen",
         "a call that writes to a cache or list it is given may be recomputed",
         "autockpt/planner/trace/module_chain.py",

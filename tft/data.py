@@ -141,6 +141,12 @@ class WindowDataset:
         """Read-only (num_windows,) int64 first row of each window in the row arrays."""
         return self._starts
 
+    def targets(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every window's normalised targets ``(N, H)`` and symbol index ``(N,)``, without
+        gathering its inputs."""
+        decoder_rows = self._starts[:, None] + self._decoder_offsets
+        return self._rows.target[decoder_rows], self._rows.symbol_index[self._starts]
+
     def batch(self, indices: np.ndarray | Sequence[int]) -> Batch:
         """Gather the windows at ``indices`` (positions in this dataset) into tensors."""
         starts = self._starts[np.asarray(indices, dtype=np.int64)]  # (B,)

@@ -1,4 +1,6 @@
-"""Validation: the loss, MAE, RMSE and quantile coverage of a model over a window dataset.
+"""Validation: the loss, MAE, RMSE and quantile coverage of a model over a window dataset,
+beside the naive forecasts' on the same windows, and the model's skill over them (NOTE [Naive
+forecasts] in :mod:`autockpt.training.baselines`).
 
 The :class:`~autockpt.training.train.Trainer` calls :func:`evaluate` at the end of every epoch
 and stops early on its loss; it runs without autograd, so it needs no memory plan.
@@ -9,24 +11,77 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import islice
+from typing import Any
 
+import numpy as np
 import torch
 
+from autockpt.training.baselines import NAIVE_NAMES, skill
 from autockpt.training.distributed import rank_slice
 from autockpt.training.prepare import Setup, autocast
 from tft.data import WindowDataset, iterate_batches
 
 
 @dataclass(frozen=True)
-class Evaluation:
-    """Validation metrics; MAE and RMSE of the median are in target-transform units."""
+class Scores:
+    """One forecast's validation scores; MAE and RMSE of the median in target-transform units."""
 
     loss: float
     mae: float
     rmse: float
     coverage: float
     """Share of targets between the lowest and the highest quantile."""
+    loss_by_step: list[float]
+    """The pinball loss of each horizon step."""
+
+    def record(self) -> dict[str, Any]:
+        """The scores as the run's metrics carry them."""
+        return {
+            "loss": self.loss,
+            "mae": self.mae,
+            "rmse": self.rmse,
+            "loss_by_step": self.loss_by_step,
+        }
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Validation metrics of the model, and of the naive forecasts on the same windows
+    (NOTE [Naive forecasts])."""
+
+    model: Scores
+    naive: dict[str, Scores]
+    """Each naive forecast's scores, by name (:data:`NAIVE_NAMES`)."""
     num_windows: int
+
+    @property
+    def loss(self) -> float:
+        return self.model.loss
+
+    @property
+    def mae(self) -> float:
+        return self.model.mae
+
+    @property
+    def rmse(self) -> float:
+        return self.model.rmse
+
+    @property
+    def coverage(self) -> float:
+        return self.model.coverage
+
+    @property
+    def skill(self) -> float | None:
+        """``1 - model / naive`` on the pinball loss, over the better naive forecast."""
+        return skill(self.model.loss, {k: v.loss for k, v in self.naive.items()})
+
+    @property
+    def skill_by_step(self) -> list[float | None]:
+        """The skill of each horizon step, over that step's better naive forecast."""
+        return [
+            skill(loss, {k: v.loss_by_step[h] for k, v in self.naive.items()})
+            for h, loss in enumerate(self.model.loss_by_step)
+        ]
 
 
 def evaluate(
@@ -36,7 +91,8 @@ def evaluate(
     max_batches: int | None,
     model: torch.nn.Module | None = None,
 ) -> Evaluation | None:
-    """Metrics of the model on ``dataset`` without autograd; None when empty.
+    """Metrics of the model and of the naive forecasts on ``dataset`` without autograd;
+    None when empty.
 
     With several ranks each evaluates its share of every global batch and the sums are added
     up, so every rank gets the metrics one process would over the same windows. ``model``
@@ -50,7 +106,9 @@ def evaluate(
     median = min(range(len(quantiles)), key=lambda i: abs(quantiles[i] - 0.5))
     # Errors are reported in target-transform units, each window with its symbol's scale.
     target_std = torch.tensor(setup.data.normalizer.target.std, device=setup.device)
-    totals = {"loss": 0.0, "abs": 0.0, "square": 0.0, "covered": 0.0}
+    naive = setup.naive_forecasts
+    # Per forecast: loss, |error|, error^2 and covered sums, then each horizon step's loss sum.
+    totals = {name: np.zeros(4 + dataset.horizon) for name in ("model", *NAIVE_NAMES)}
     num_windows = num_values = 0
     was_training = model.training
     model.eval()
@@ -66,26 +124,59 @@ def evaluate(
                 continue
             inputs = tuple(t.to(setup.device) for t in batch.inputs())
             target = batch.target.to(setup.device)  # (B, H)
-            prediction = model(*inputs).float()  # (B, H, Q)
             scale = target_std[batch.symbol_index.to(setup.device)][:, None]  # (B, 1)
-            error = (prediction[..., median] - target) * scale
-            inside = (target >= prediction[..., 0]) & (target <= prediction[..., -1])
-            totals["loss"] += setup.loss_fn(prediction, target).item() * len(target)
-            totals["abs"] += error.abs().sum().item()
-            totals["square"] += error.square().sum().item()
-            totals["covered"] += inside.sum().item()
+            forecasts = {
+                "model": model(*inputs).float(),  # (B, H, Q)
+                **naive.predictions(batch, setup.device),
+            }
+            for name, prediction in forecasts.items():
+                totals[name] += _sums(setup, prediction, target, scale, median)
             num_windows += len(target)
             num_values += target.numel()
     model.train(was_training)
     if setup.world.is_distributed:
         by_rank = setup.world.all_gather((totals, num_windows, num_values))
-        totals = {key: sum(rank_totals[key] for rank_totals, _, _ in by_rank) for key in totals}
+        totals = {key: np.sum([rank[key] for rank, _, _ in by_rank], axis=0) for key in totals}
         num_windows = sum(windows for _, windows, _ in by_rank)
         num_values = sum(values for _, _, values in by_rank)
+    scores = {
+        name: Scores(
+            loss=float(sums[0]) / num_windows,
+            mae=float(sums[1]) / num_values,
+            rmse=math.sqrt(float(sums[2]) / num_values),
+            coverage=float(sums[3]) / num_values,
+            loss_by_step=[float(v) / num_windows for v in sums[4:]],
+        )
+        for name, sums in totals.items()
+    }
     return Evaluation(
-        loss=totals["loss"] / num_windows,
-        mae=totals["abs"] / num_values,
-        rmse=math.sqrt(totals["square"] / num_values),
-        coverage=totals["covered"] / num_values,
+        model=scores.pop("model"),
+        naive=scores,
         num_windows=num_windows,
+    )
+
+
+def _sums(
+    setup: Setup,
+    prediction: torch.Tensor,
+    target: torch.Tensor,
+    scale: torch.Tensor,
+    median: int,
+) -> np.ndarray:
+    """One batch's loss, |error|, error^2, covered and per-step loss sums of one forecast."""
+    error = (prediction[..., median] - target) * scale
+    inside = (target >= prediction[..., 0]) & (target <= prediction[..., -1])
+    size = len(target)
+    by_step = [
+        setup.loss_fn(prediction[:, h : h + 1], target[:, h : h + 1]).item() * size
+        for h in range(target.size(1))
+    ]
+    return np.array(
+        [
+            setup.loss_fn(prediction, target).item() * size,
+            error.abs().sum().item(),
+            error.square().sum().item(),
+            inside.sum().item(),
+            *by_step,
+        ]
     )

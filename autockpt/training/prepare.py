@@ -8,6 +8,7 @@ to :mod:`autockpt.training.train`.
 
 from __future__ import annotations
 
+import functools
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from autockpt.errors import DataError
 from autockpt.planner.core.units import Budget
 from autockpt.planner.measure.sharding import Parallelism
 from autockpt.planner.plan_types import Plan
+from autockpt.training.baselines import NaiveForecasts
 from autockpt.training.config import TrainConfig
 from autockpt.training.distributed import SINGLE_PROCESS, World, agree_on_plan, resolve_parallelism
 from autockpt.training.host_tuning import HostTuning
@@ -65,6 +67,11 @@ class Setup:
     host_tuning: HostTuning | None = None
     """What was set about the process before planning (``prepare(..., tune_host=True)`` on
     the CPU); the run logs it and puts the threads back when it ends."""
+
+    @functools.cached_property
+    def naive_forecasts(self) -> NaiveForecasts:
+        """The naive forecasts validation scores beside the model (NOTE [Naive forecasts])."""
+        return NaiveForecasts.fit(self.data, list(self.model_config.quantiles))
 
     @property
     def batch_size(self) -> int:

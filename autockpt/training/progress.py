@@ -41,6 +41,27 @@ class Reporter(Protocol):
     def finish(self, summary: Record) -> None: ...
 
 
+#: How the naive forecasts (NOTE [Naive forecasts]) are named on the terminal.
+_NAIVE_LABELS = {"no_change": "no change", "quantiles": "quantiles"}
+
+
+def _skill_text(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.1%}"
+
+
+def _naive_text(record: Record) -> str:
+    """``"  | naive: no change 0.18/0.00015/0.00021, ...  skill +2.1%"``: each naive
+    forecast's loss/MAE/RMSE on the same windows, and the model's skill over the better one."""
+    naive = record.get("val_naive")
+    if not naive:
+        return ""
+    parts = ", ".join(
+        f"{_NAIVE_LABELS[name]} {s['loss']:.4f}/{s['mae']:.4g}/{s['rmse']:.4g}"
+        for name, s in naive.items()
+    )
+    return f"  | naive (loss/MAE/RMSE): {parts}  skill {_skill_text(record.get('val_skill'))}"
+
+
 def memory_text(peak_bytes: int | None, budget_bytes: int | None) -> str:
     """``"120.00 MiB / 200.00 MiB (60%)"``, or just the peak when there is no budget."""
     if peak_bytes is None:
@@ -137,7 +158,7 @@ class RichReporter:
         val = record.get("val_loss")
         val_text = (
             f"val {val:.4f}  MAE {record['val_mae']:.4g}  RMSE {record['val_rmse']:.4g}  "
-            f"coverage {record['val_coverage']:.0%}"
+            f"coverage {record['val_coverage']:.0%}{_naive_text(record)}"
             if val is not None
             else "no validation windows"
         )
@@ -167,6 +188,12 @@ class RichReporter:
         table.add_row("steps", str(summary["global_step"]))
         if summary.get("best_val_loss") is not None:
             table.add_row("best validation loss", f"{summary['best_val_loss']:.4f}")
+        if summary.get("naive_val_loss"):
+            naive = ", ".join(
+                f"{_NAIVE_LABELS[k]} {v:.4f}" for k, v in summary["naive_val_loss"].items()
+            )
+            table.add_row("naive forecasts", naive)
+            table.add_row("skill (best over naive)", _skill_text(summary.get("best_val_skill")))
         measure, peak = summary["memory_measure"], summary.get("peak_bytes")
         if peak is None:
             table.add_row("peak memory", measure)

@@ -25,6 +25,7 @@ import torch
 
 import autockpt
 from autockpt.errors import DeviceError
+from autockpt.training.baselines import skill
 from autockpt.training.checkpoint import (
     RunState,
     gather_random_states,
@@ -60,6 +61,8 @@ class Trainer(Replanning):
         self.world = setup.world
         self.plan = setup.plan
         self.parallelism = setup.parallelism
+        self.naive_losses: dict[str, float] | None = None
+        """The naive forecasts' validation losses (NOTE [Naive forecasts]), once validated."""
         self.planned = wrap(
             autockpt.apply(self.model, self.plan),
             self.world,
@@ -202,6 +205,8 @@ class Trainer(Replanning):
             model=self.planned if self.parallelism == "fsdp" else None,
         )
         score = evaluation.loss if evaluation is not None else train_loss
+        if evaluation is not None:
+            self.naive_losses = {k: v.loss for k, v in evaluation.naive.items()}
         improved = self.state.best_val_loss is None or score < self.state.best_val_loss
         self.state.epoch += 1
         if improved:
@@ -219,6 +224,13 @@ class Trainer(Replanning):
             "val_mae": evaluation.mae if evaluation else None,
             "val_rmse": evaluation.rmse if evaluation else None,
             "val_coverage": evaluation.coverage if evaluation else None,
+            # NOTE [Naive forecasts]: the same windows, forecast knowing nothing.
+            "val_loss_by_step": evaluation.model.loss_by_step if evaluation else None,
+            "val_naive": {k: v.record() for k, v in evaluation.naive.items()}
+            if evaluation
+            else None,
+            "val_skill": evaluation.skill if evaluation else None,
+            "val_skill_by_step": evaluation.skill_by_step if evaluation else None,
             "improved": improved,
             "peak_bytes": epoch_peak,
             "num_measured_steps": num_measured,
@@ -353,6 +365,10 @@ class Trainer(Replanning):
             "stopped": stopped,
             "global_step": self.state.global_step,
             "best_val_loss": self.state.best_val_loss,
+            "naive_val_loss": self.naive_losses,
+            "best_val_skill": skill(self.state.best_val_loss, self.naive_losses)
+            if self.naive_losses and self.state.best_val_loss is not None
+            else None,
             "peak_bytes": self.state.peak_bytes if self.state.num_measured_steps else None,
             "num_measured_steps": self.state.num_measured_steps,
             "budget_bytes": self.budget_bytes,
