@@ -20,6 +20,7 @@ perfect, below 0 worse than the naive forecast.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -74,6 +75,22 @@ class NaiveForecasts:
             no_change=torch.tensor((0.0 - mean) / std, dtype=torch.float32),
             quantiles=torch.tensor(by_symbol, dtype=torch.float32),
             persistence=normalizer.roles.target_transform == "none",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The forecasts as the run folder keeps them (``naive.json``), for ``predict``."""
+        return {
+            "no_change": self.no_change.tolist(),
+            "quantiles": self.quantiles.tolist(),
+            "persistence": self.persistence,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NaiveForecasts:
+        return cls(
+            no_change=torch.tensor(data["no_change"], dtype=torch.float32),
+            quantiles=torch.tensor(data["quantiles"], dtype=torch.float32),
+            persistence=bool(data["persistence"]),
         )
 
     def predictions(self, batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:

@@ -9,6 +9,7 @@ and stops early on its loss; it runs without autograd, so it needs no memory pla
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -130,7 +131,7 @@ def evaluate(
                 **naive.predictions(batch, setup.device),
             }
             for name, prediction in forecasts.items():
-                totals[name] += _sums(setup, prediction, target, scale, median)
+                totals[name] += score_sums(setup.loss_fn, prediction, target, scale, median)
             num_windows += len(target)
             num_values += target.numel()
     model.train(was_training)
@@ -139,6 +140,12 @@ def evaluate(
         totals = {key: np.sum([rank[key] for rank, _, _ in by_rank], axis=0) for key in totals}
         num_windows = sum(windows for _, windows, _ in by_rank)
         num_values = sum(values for _, _, values in by_rank)
+    return evaluation_of(totals, num_windows, num_values)
+
+
+def evaluation_of(totals: dict[str, np.ndarray], num_windows: int, num_values: int) -> Evaluation:
+    """The :class:`Evaluation` of :func:`score_sums` added up over every window, by forecast
+    (``"model"`` and the naive ones)."""
     scores = {
         name: Scores(
             loss=float(sums[0]) / num_windows,
@@ -149,31 +156,29 @@ def evaluate(
         )
         for name, sums in totals.items()
     }
-    return Evaluation(
-        model=scores.pop("model"),
-        naive=scores,
-        num_windows=num_windows,
-    )
+    return Evaluation(model=scores.pop("model"), naive=scores, num_windows=num_windows)
 
 
-def _sums(
-    setup: Setup,
+def score_sums(
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     prediction: torch.Tensor,
     target: torch.Tensor,
     scale: torch.Tensor,
     median: int,
 ) -> np.ndarray:
-    """One batch's loss, |error|, error^2, covered and per-step loss sums of one forecast."""
+    """One batch's loss, |error|, error^2, covered and per-step loss sums of one forecast
+    ``(B, H, Q)`` of normalised ``target`` ``(B, H)``; errors in target-transform units by
+    ``scale`` ``(B, 1)``, of the quantile at index ``median``."""
     error = (prediction[..., median] - target) * scale
     inside = (target >= prediction[..., 0]) & (target <= prediction[..., -1])
     size = len(target)
     by_step = [
-        setup.loss_fn(prediction[:, h : h + 1], target[:, h : h + 1]).item() * size
+        loss_fn(prediction[:, h : h + 1], target[:, h : h + 1]).item() * size
         for h in range(target.size(1))
     ]
     return np.array(
         [
-            setup.loss_fn(prediction, target).item() * size,
+            loss_fn(prediction, target).item() * size,
             error.abs().sum().item(),
             error.square().sum().item(),
             inside.sum().item(),

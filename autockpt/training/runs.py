@@ -45,6 +45,7 @@ CONFIG_FILE = "config.json"
 PLAN_FILE = "plan.json"
 COLUMNS_FILE = "columns.json"
 METRICS_FILE = "metrics.jsonl"
+NAIVE_FILE = "naive.json"
 BEST_FILE = "best.pt"
 LAST_FILE = "last.pt"
 
@@ -181,6 +182,11 @@ class RunFolder:
         columns = [column.model_dump(mode="json") for column in setup.data.columns]
         write_json_atomic(self.file(COLUMNS_FILE), columns)
 
+    def write_naive(self, setup: Setup) -> None:
+        """The naive forecasts fitted on the training windows (NOTE [Naive forecasts]), for
+        ``predict`` to score against."""
+        write_json_atomic(self.file(NAIVE_FILE), setup.naive_forecasts.to_dict())
+
     def read_metrics(self) -> list[dict[str, Any]]:
         """Every record of ``metrics.jsonl`` (empty when there is none yet)."""
         path = self.file(METRICS_FILE)
@@ -310,6 +316,7 @@ def start_run(config: TrainConfig, *, world: World = SINGLE_PROCESS) -> tuple[Se
     run.write_config(resolved.model_dump(mode="json"))
     run.write_plan(setup.plan.model_dump_json(indent=2))
     run.write_columns(setup)
+    run.write_naive(setup)
     return setup, run
 
 
@@ -386,6 +393,7 @@ def resume_run(
         run.write_config(config.model_dump(mode="json"))
         run.write_plan(setup.plan.model_dump_json(indent=2))
         run.write_columns(setup)
+        run.write_naive(setup)
     return setup, checkpoint
 
 

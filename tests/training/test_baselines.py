@@ -4,12 +4,15 @@ against what each is defined to be, computed here from the windows directly."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
+from autockpt.cli import main
 from autockpt.training.baselines import NaiveForecasts, skill
 from autockpt.training.config import TrainConfig
 from autockpt.training.evaluate import evaluate
+from autockpt.training.predict import predict
 from autockpt.training.prepare import Setup, prepare
 from autockpt.training.settings import SAMPLE_DATA
 from tft.loss import quantile_loss
@@ -83,3 +86,19 @@ def test_a_level_target_is_forecast_by_its_last_value() -> None:
         batch.encoder_observed[:, -1, 0], batch.symbol_index
     )
     torch.testing.assert_close(raw, last[:, None, None].expand_as(raw))
+
+
+def test_predict_scores_the_forecasts_it_writes_beside_the_naive_ones(tmp_path) -> None:
+    run = tmp_path / "run"
+    epoch = ["--preset", "tiny", "--quiet", "--epochs", "1", "--max-steps-per-epoch", "3"]
+    assert main(["train", str(SAMPLE_DATA), *epoch, "--out", str(run)]) == 0
+    result = predict(run, SAMPLE_DATA, tmp_path / "forecasts.parquet", device="cpu")
+    assert result.evaluation is not None
+    # Read back from the file predict wrote, in target-transform units.
+    table = pq.read_table(result.path).to_pandas()
+    actual, median = table["actual"].to_numpy(), table["q0.5"].to_numpy()
+    assert result.evaluation.mae == pytest.approx(np.abs(median - actual).mean(), rel=1e-4)
+    # No change forecasts a return of 0: its error is the return itself.
+    no_change = result.evaluation.naive["no_change"]
+    assert no_change.mae == pytest.approx(np.abs(actual).mean(), rel=1e-4)
+    assert no_change.rmse == pytest.approx(np.sqrt(np.square(actual).mean()), rel=1e-4)

@@ -83,6 +83,7 @@ def test_a_run_writes_every_file(plain_run: Path) -> None:
         "config.json",
         "last.pt",
         "metrics.jsonl",
+        "naive.json",
         "plan.json",
     ]
     steps = step_records(plain_run)
@@ -92,6 +93,12 @@ def test_a_run_writes_every_file(plain_run: Path) -> None:
     epochs = [r for r in RunFolder(plain_run).read_metrics() if r["kind"] == "epoch"]
     assert [r["epoch"] for r in epochs] == [1, 2]
     assert all(0.0 < r["val_coverage"] <= 1.0 and r["val_mae"] > 0 for r in epochs)
+    # NOTE [Naive forecasts]: each epoch scores them, and the model's skill over the better.
+    for record in epochs:
+        assert set(record["val_naive"]) == {"no_change", "quantiles"}
+        best = min(s["loss"] for s in record["val_naive"].values())
+        assert record["val_skill"] == pytest.approx(1 - record["val_loss"] / best)
+        assert len(record["val_skill_by_step"]) == len(record["val_loss_by_step"])
     summary = RunFolder(plain_run).read_metrics()[-1]
     assert summary["kind"] == "summary" and summary["stopped"] == "finished"
     assert summary["budget_bytes"] is None and summary["within_budget"] is None
