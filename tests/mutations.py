@@ -441,6 +441,14 @@ MUTATIONS = (
         ("tests/training/test_baselines.py",),
     ),
     Mutation(
+        "timeline-mean-points",
+        "a timeline point is the mean of the ops it stands for, so a short peak is lost",
+        "autockpt/planner/report_rows.py",
+        "    heights = [max(b for b, _, _ in group) for group in points]",
+        "    heights = [sum(b for b, _, _ in group) // len(group) for group in points]",
+        ("tests/planner/test_report_rows.py",),
+    ),
+    Mutation(
         "python-state-unseen",
         "a call that writes to a cache or list it is given may be recomputed",
         "autockpt/planner/trace/module_chain.py",

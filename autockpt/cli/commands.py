@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from autockpt.cli.parser import comma_list, overrides
-from autockpt.cli.plot import check_plot_available, plot_plan
+from autockpt.cli.plot import PLAN_PICTURE, check_plot_available, plot_available, plot_plan
 from autockpt.cli.report import columns_record, print_columns, print_plan
 from autockpt.errors import ConfigError, InfeasibleBudgetError
 from autockpt.planner.core.units import format_bytes
@@ -164,6 +164,9 @@ def _run_training(
     from autockpt.training.train import train
 
     reporter: Reporter
+    if setup.world.is_main and plot_available():
+        # The plan's picture beside plan.json, memory across one step included.
+        plot_plan(setup.plan, run.file(PLAN_PICTURE), budget_given=setup.budget is not None)
     if not setup.world.is_main:
         reporter = SilentReporter()
     elif setup.config.quiet:

@@ -75,8 +75,8 @@ from autockpt.planner.core.units import Budget, format_bytes
 from autockpt.planner.measure.scaled_step import real_step_bytes
 from autockpt.planner.measure.step_measurer import StepMeasurer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec, StepProfile
-from autockpt.planner.plan_types import Plan, Strategy
-from autockpt.planner.report_rows import peak_breakdown, segment_rows
+from autockpt.planner.plan_types import Plan, StepTimelines, Strategy
+from autockpt.planner.report_rows import peak_breakdown, segment_rows, step_timeline
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_decoding import ChosenPlan
 from autockpt.planner.solve.forced_checkpointing import forced_plan
@@ -281,6 +281,8 @@ def plan_report(
     if builder.costs.source:
         notes.append(f"step times {builder.costs.source}")
     predicted = share.outside(final.peak_bytes)
+    plain_timeline = step_timeline(kept, [False] * len(kept.segments))
+    planned_timeline = step_timeline(final, [a.recompute for a in decision.actions])
     return Plan(
         budget_bytes=budget.bytes,
         budget_text=budget.text,
@@ -301,6 +303,9 @@ def plan_report(
         fits=final.peak_bytes <= share.usable_bytes(budget.bytes),
         planning_s=planning_s,
         planning_peak_bytes=planning_peak_bytes,
+        timeline=StepTimelines(plain=plain_timeline, planned=planned_timeline)
+        if plain_timeline is not None and planned_timeline is not None
+        else None,
         notes=notes,
         tracing="forward-hooks" if isinstance(builder.traced, ModuleChain) else "fx",
     )

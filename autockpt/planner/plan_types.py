@@ -16,6 +16,32 @@ Strategy = Literal["auto", "checkpoint-all", "checkpoint-none"]
 Tracing = Literal["fx", "forward-hooks"]
 
 
+class StepTimeline(BaseModel):
+    """Bytes alive across one measured step, op by op, as the planner counted them on fake
+    tensors (tensor bytes, without the device's context and slack); at most
+    ``TIMELINE_POINTS`` points, each the highest of the ops it stands for, so no peak is lost.
+    With micro-batches, the step of one piece."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bytes: list[int]
+    phases: list[tuple[str, int, int]]
+    """Each phase (``forward``, ``loss``, ``backward``, ``optimizer``) and its first and last
+    point."""
+    recomputed: list[tuple[int, int]]
+    """First and last point of each run of backward points inside a recomputed segment (its
+    recompute and its backward)."""
+
+
+class StepTimelines(BaseModel):
+    """The plain step's and the planned step's :class:`StepTimeline`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    plain: StepTimeline
+    planned: StepTimeline
+
+
 class SegmentPlan(BaseModel):
     """One segment of the chain and what the plan does with it."""
 
@@ -111,6 +137,9 @@ class Plan(BaseModel):
     """Seconds of a plain step: forward, backward and, where timed, the optimizer step."""
     fits: bool
     planning_s: float
+    timeline: StepTimelines | None = None
+    """Bytes alive across the plain and the planned step (``autockpt plan --plot``); None for
+    a plan read off a line at smaller batches (NOTE [Scaled real measurement])."""
     planning_peak_bytes: int = 0
     """The most memory planning itself held on the device, the model and batch included: on
     CUDA the caching allocator's peak of tensor bytes; on the CPU the largest of what its real

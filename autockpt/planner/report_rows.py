@@ -1,10 +1,13 @@
-"""What a Plan reports from the decision the planner made: its segment rows and the
-breakdown of its peak (the seconds it adds: :mod:`autockpt.planner.solve.option_pricing`)."""
+"""What a Plan reports from the decision the planner made: its segment rows, the breakdown of
+its peak and its bytes across the step (the seconds it adds:
+:mod:`autockpt.planner.solve.option_pricing`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from autockpt.planner.measure.step_profile import StepProfile
-from autockpt.planner.plan_types import PeakBreakdown, SegmentPlan
+from autockpt.planner.plan_types import PeakBreakdown, SegmentPlan, StepTimeline
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_decoding import Decision
 from autockpt.planner.solve.chain_positions import Profiles
@@ -60,3 +63,33 @@ def peak_breakdown(profile: StepProfile, context_bytes: int, headroom_bytes: int
         context_bytes=context_bytes,
         headroom_bytes=headroom_bytes,
     )
+
+
+#: Points a :class:`~autockpt.planner.plan_types.StepTimeline` keeps at most.
+TIMELINE_POINTS = 400
+
+
+def step_timeline(profile: StepProfile, recomputed: Sequence[bool]) -> StepTimeline | None:
+    """``profile``'s bytes across the step, down to ``TIMELINE_POINTS`` points, each the
+    highest of its ops; ``recomputed`` says which of its segments recompute. None where the
+    profile has no timeline (read off a line, NOTE [Scaled real measurement])."""
+    ops = profile.timeline
+    if not ops:
+        return None
+    per_point = -(-len(ops) // TIMELINE_POINTS)
+    points = [ops[i : i + per_point] for i in range(0, len(ops), per_point)]
+    heights = [max(b for b, _, _ in group) for group in points]
+    phases: list[tuple[str, int, int]] = []
+    shaded: list[tuple[int, int]] = []
+    for index, group in enumerate(points):
+        _, phase, segment = max(group, key=lambda op: op[0])
+        if phases and phases[-1][0] == phase:
+            phases[-1] = (phase, phases[-1][1], index)
+        else:
+            phases.append((phase, index, index))
+        inside = phase == "backward" and 0 <= segment < len(recomputed) and recomputed[segment]
+        if inside and shaded and shaded[-1][1] == index - 1:
+            shaded[-1] = (shaded[-1][0], index)
+        elif inside:
+            shaded.append((index, index))
+    return StepTimeline(bytes=heights, phases=phases, recomputed=shaded)

@@ -17,6 +17,7 @@ import torch
 
 import autockpt
 from autockpt.cli import main
+from autockpt.cli.plot import plot_available
 from autockpt.errors import DeviceError
 from autockpt.training.config import TrainConfig
 from autockpt.training.prepare import prepare
@@ -77,6 +78,7 @@ def checkpointed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_run_writes_every_file(plain_run: Path) -> None:
+    picture = ["plan.png"] if plot_available() else []  # where matplotlib is installed
     assert sorted(p.name for p in plain_run.iterdir()) == [
         "best.pt",
         "columns.json",
@@ -85,6 +87,7 @@ def test_a_run_writes_every_file(plain_run: Path) -> None:
         "metrics.jsonl",
         "naive.json",
         "plan.json",
+        *picture,
     ]
     steps = step_records(plain_run)
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]

@@ -104,10 +104,13 @@ class _StepRecorder:
         self.previous: int | None = None
         self.segments = [SegmentProfile() for _ in range(num_segments)]
         self.phase_peak = dict.fromkeys(PHASES, 0)
+        self.timeline: list[tuple[int, str, int]] = []
 
     def on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         assert self.tracker is not None
         now = self.tracker.current_bytes
+        if self.phase != "setup":  # the step's own ops, not making its starting state
+            self.timeline.append((now, self.phase, -1 if self.current is None else self.current))
         if self.phase in self.phase_peak:
             self.phase_peak[self.phase] = max(self.phase_peak[self.phase], now)
         if self.current is None:
@@ -402,10 +405,12 @@ def profile_step(
                 # See NOTE [Optimizer step].
                 step_peak = tracker.current_bytes + state.step_extra_bytes
                 recorder.phase_peak["optimizer"] = step_peak
+                recorder.timeline.append((step_peak, "optimizer", -1))
                 tracker.peak_bytes = max(tracker.peak_bytes, step_peak)
             for parameter in state.parameters:
                 parameter.grad = None
         profile.segments = recorder.segments
+        profile.timeline = recorder.timeline
         profile.phase_peak_bytes = dict(recorder.phase_peak)
         profile.peak_bytes = tracker.peak_bytes
     return profile

@@ -132,6 +132,7 @@ def scaled_profile(
 
     profile = scaled(low, high)
     assert isinstance(profile, StepProfile)
+    profile.timeline = []  # a small batch's, op by op: not the whole batch's
     profile.segments = [
         scaled(a, b)  # type: ignore[misc]
         for a, b in zip(low.segments, high.segments, strict=True)

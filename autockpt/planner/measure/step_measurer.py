@@ -109,6 +109,7 @@ class StepMeasurer:
         profile = self._profile(batch, actions, num_micro_batches, segments=segments)
         optimizer_peak = self.kept.phase_peak_bytes["optimizer"]
         profile.phase_peak_bytes["optimizer"] = optimizer_peak
+        profile.timeline.append((optimizer_peak, "optimizer", -1))
         profile.peak_bytes = max(profile.peak_bytes, optimizer_peak)
         return profile
 

@@ -54,6 +54,8 @@ class StepProfile:
         segments: one profile per segment, in chain order.
         phase_peak_bytes: highest live bytes in each phase.
         peak_bytes: highest live bytes over the whole step.
+        timeline: live bytes after each op, with its phase and segment (-1: none), in order;
+            the optimizer step is one point at its peak.
     """
 
     start_bytes: int
@@ -64,3 +66,4 @@ class StepProfile:
     segments: list[SegmentProfile] = field(default_factory=list)
     phase_peak_bytes: dict[str, int] = field(default_factory=dict)
     peak_bytes: int = 0
+    timeline: list[tuple[int, str, int]] = field(default_factory=list)
