@@ -449,6 +449,14 @@ MUTATIONS = (
         ("tests/planner/test_report_rows.py",),
     ),
     Mutation(
+        "interpret-names-shifted",
+        "interpret names the encoder's weights with the known inputs before the observed ones",
+        "autockpt/training/interpret.py",
+        "        *data.observed_columns,\n        *data.known_columns,",
+        "        *data.known_columns,\n        *data.observed_columns,",
+        ("tests/training/test_interpret.py",),
+    ),
+    Mutation(
         "python-state-unseen",
         "a call that writes to a cache or list it is given may be recomputed",
         "autockpt/planner/trace/module_chain.py",

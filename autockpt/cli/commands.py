@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from autockpt.cli.importance import plot_importance, print_importance
 from autockpt.cli.parser import comma_list, overrides
 from autockpt.cli.plot import PLAN_PICTURE, check_plot_available, plot_available, plot_plan
 from autockpt.cli.report import columns_record, print_columns, print_plan
@@ -241,6 +242,33 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_interpret(args: argparse.Namespace, console: Console) -> int:
+    """Print (and write) what a trained run's model looked at over a data file."""
+    from autockpt.training.interpret import interpret
+    from autockpt.training.runs import write_text_atomic
+
+    for value, flag in ((args.batch_size, "--batch-size"), (args.max_windows, "--max-windows")):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} {value} is not a positive count; give 1 or more")
+    check_plot_available(args.plot)
+    result = interpret(
+        args.run,
+        args.data,
+        device=args.device or "auto",
+        batch_size=args.batch_size,
+        max_windows=args.max_windows,
+    )
+    print_importance(console, result)
+    if args.json is not None:
+        # Not sorted by key: each group keeps its order, highest weight first.
+        write_text_atomic(args.json, json.dumps(result.to_json(), indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+    if args.plot is not None:
+        plot_importance(result, args.plot)
+        console.print(f"wrote {args.plot}")
+    return 0
+
+
 #: The handler of each subcommand, by the name :mod:`autockpt.cli.parser` gives it.
 HANDLERS: dict[str, Handler] = {
     "make-data": cmd_make_data,
@@ -248,4 +276,5 @@ HANDLERS: dict[str, Handler] = {
     "train": cmd_train,
     "demo": cmd_demo,
     "predict": cmd_predict,
+    "interpret": cmd_interpret,
 }

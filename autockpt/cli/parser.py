@@ -268,6 +268,18 @@ def _predict_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, help="windows per forward (default: 256)")
 
 
+def _interpret_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", type=Path, help="run folder (its best.pt is used)")
+    parser.add_argument("data", type=Path, help="Parquet file with the run's columns")
+    parser.add_argument("--json", type=Path, help="write the weights as JSON here")
+    parser.add_argument("--plot", type=Path, help="draw the importances and attention by lag (PNG)")
+    parser.add_argument("--device", help="cpu, cuda or auto (default: auto)")
+    parser.add_argument("--batch-size", type=int, help="windows per forward (default: 256)")
+    parser.add_argument(
+        "--max-windows", type=int, help="read at most this many windows, evenly spread"
+    )
+
+
 class Subcommand(NamedTuple):
     """One subcommand: its name, its help line, an example and its arguments."""
 
@@ -307,6 +319,12 @@ SUBCOMMANDS = (
         "write quantile forecasts of a trained run for every window of a data file",
         "autockpt predict runs/es bars.parquet -o forecasts.parquet",
         _predict_arguments,
+    ),
+    Subcommand(
+        "interpret",
+        "show what a trained run's model looked at: input importances and attention by lag",
+        "autockpt interpret runs/es bars.parquet --json weights.json --plot weights.png",
+        _interpret_arguments,
     ),
 )
 
