@@ -27,10 +27,8 @@ from typing import Any
 
 import torch
 
-from autockpt.training.predict import DEFAULT_BATCH_SIZE, load_trained_model
-from autockpt.training.runs import BEST_FILE, RunFolder
-from autockpt.training.settings import resolve_device
-from tft.data import WindowedData, iterate_batches, load_windows
+from autockpt.training.predict import DEFAULT_BATCH_SIZE, TrainedOnFile
+from tft.data import WindowedData, iterate_batches
 
 
 @dataclass(frozen=True)
@@ -89,17 +87,10 @@ def interpret(
     Raises:
         RunError: the run folder is missing or damaged.
         DataError: the data file cannot be read or lacks the run's columns or symbols.
+        DeviceError: cuda asked for without a GPU.
     """
-    run = RunFolder.open(run_dir, need=(BEST_FILE,))
-    resolved = resolve_device(device)
-    model, config, normalizer = load_trained_model(run, resolved)
-    loaded = load_windows(
-        data,
-        encoder_length=config.encoder_length,
-        horizon=config.horizon,
-        split_fractions=None,
-        normalizer=normalizer,
-    )
+    trained = TrainedOnFile.load(run_dir, data, device)
+    model, resolved, loaded = trained.model, trained.device, trained.windows
     windows = loaded.whole
     static_names, encoder_names, decoder_names = input_names(loaded)
     sums: dict[str, torch.Tensor] = {}

@@ -26,7 +26,7 @@ from autockpt.training.evaluate import Evaluation, evaluation_of, score_sums
 from autockpt.training.runs import BEST_FILE, NAIVE_FILE, RunFolder, write_atomic
 from autockpt.training.settings import resolve_device
 from tft.config import TFTConfig
-from tft.data import Batch, iterate_batches, load_windows
+from tft.data import Batch, WindowedData, iterate_batches, load_windows
 from tft.loss import QuantileLoss
 from tft.model import TemporalFusionTransformer
 from tft.normalize import Normalizer
@@ -52,6 +52,35 @@ class PredictionResult:
 def quantile_column(quantile: float) -> str:
     """Column name of one quantile: ``q0.1``, ``q0.5``, ``q0.975``."""
     return f"q{quantile:g}"
+
+
+@dataclass(frozen=True)
+class TrainedOnFile:
+    """A run's best model (eval mode) and the windows of a data file, read with the run's
+    normalizer: what ``predict`` and ``interpret`` start from."""
+
+    run: RunFolder
+    device: torch.device
+    model: TemporalFusionTransformer
+    config: TFTConfig
+    normalizer: Normalizer
+    windows: WindowedData
+    """Every window of the file (``windows.whole``), no split."""
+
+    @classmethod
+    def load(cls, run_dir: str | Path, data: str | Path, device: str) -> TrainedOnFile:
+        """Raises RunError, DataError or DeviceError as :func:`predict` documents."""
+        run = RunFolder.open(run_dir, need=(BEST_FILE,))
+        resolved = resolve_device(device)
+        model, config, normalizer = load_trained_model(run, resolved)
+        windows = load_windows(
+            data,
+            encoder_length=config.encoder_length,
+            horizon=config.horizon,
+            split_fractions=None,
+            normalizer=normalizer,
+        )
+        return cls(run, resolved, model, config, normalizer, windows)
 
 
 def load_trained_model(
@@ -105,16 +134,9 @@ def predict(
     Example:
         >>> predict("runs/es", "bars.parquet", "forecasts.parquet").num_rows
     """
-    run = RunFolder.open(run_dir, need=(BEST_FILE,))
-    resolved = resolve_device(device)
-    model, config, normalizer = load_trained_model(run, resolved)
-    loaded = load_windows(
-        data,
-        encoder_length=config.encoder_length,
-        horizon=config.horizon,
-        split_fractions=None,
-        normalizer=normalizer,
-    )
+    trained = TrainedOnFile.load(run_dir, data, device)
+    run, resolved, model, config = trained.run, trained.device, trained.model, trained.config
+    normalizer, loaded = trained.normalizer, trained.windows
     windows = loaded.whole
 
     forecasts, actuals, times, symbols = [], [], [], []
