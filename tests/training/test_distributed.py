@@ -25,6 +25,7 @@ from autockpt.planner.training_step import training_step
 from autockpt.training.distributed import World, plan_digest, rank_slice, world_from_environment
 from autockpt.training.runs import PLAN_FILE, RunFolder
 from autockpt.training.settings import SAMPLE_DATA
+from tests.training.test_train import run_files
 from tft.data import Batch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,14 +126,7 @@ def test_only_rank_zero_prints_and_writes(two_rank_run: tuple[Path, list[str]]) 
         assert sum('"kind": "start"' in line for line in lines) == 1
         assert sum('"kind": "summary"' in line for line in lines) == 1
         assert sum('"kind": "columns"' in line for line in lines) == 1
-    assert sorted(p.name for p in ddp.iterdir()) == [
-        "best.pt",
-        "columns.json",
-        "config.json",
-        "last.pt",
-        "metrics.jsonl",
-        "plan.json",
-    ]
+    assert sorted(p.name for p in ddp.iterdir()) == run_files()
     # One writer: every step appears once, and the log holds one summary per launch.
     assert [r["step"] for r in records(ddp, "step")] == [1, 2, 3, 4, 5, 6]
     assert [r["world_size"] for r in records(ddp, "summary")] == [2, 2]
@@ -193,14 +187,7 @@ def test_fsdp_ranks_give_the_losses_of_one_process_with_the_global_batch(
     assert len(agreements) == 2 and all(len(set(r["plan_digest_by_rank"])) == 1 for r in agreements)
     assert [r["parallelism"] for r in records(fsdp, "summary")] == ["fsdp", "fsdp"]
     # One writer: the same files as one process, every step once.
-    assert sorted(p.name for p in fsdp.iterdir()) == [
-        "best.pt",
-        "columns.json",
-        "config.json",
-        "last.pt",
-        "metrics.jsonl",
-        "plan.json",
-    ]
+    assert sorted(p.name for p in fsdp.iterdir()) == run_files()
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
     for stdout in stdouts:
         assert sum('"kind": "summary"' in line for line in stdout.splitlines()) == 1

@@ -77,9 +77,10 @@ def checkpointed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train(out, "--use-gradient-checkpointing", *measured)
 
 
-def test_a_run_writes_every_file(plain_run: Path) -> None:
-    picture = ["plan.png"] if plot_available() else []  # where matplotlib is installed
-    assert sorted(p.name for p in plain_run.iterdir()) == [
+def run_files() -> list[str]:
+    """The files of a finished run folder, sorted (the plan's picture where matplotlib is)."""
+    picture = ["plan.png"] if plot_available() else []
+    return [
         "best.pt",
         "columns.json",
         "config.json",
@@ -89,6 +90,10 @@ def test_a_run_writes_every_file(plain_run: Path) -> None:
         "plan.json",
         *picture,
     ]
+
+
+def test_a_run_writes_every_file(plain_run: Path) -> None:
+    assert sorted(p.name for p in plain_run.iterdir()) == run_files()
     steps = step_records(plain_run)
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
     assert all(math.isfinite(r["loss"]) for r in steps)
