@@ -223,15 +223,13 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
         f"{result.horizon}) to {result.path}"
     )
     if result.evaluation is not None:
+        from autockpt.training.progress import naive_text
+
         scores = result.evaluation
-        naive = ", ".join(
-            f"{name.replace('_', ' ')} {s.loss:.4f}/{s.mae:.4g}/{s.rmse:.4g}"
-            for name, s in scores.naive.items()
-        )
-        skill = "n/a" if scores.skill is None else f"{scores.skill:+.1%}"
+        naive = {name: s.record() for name, s in scores.naive.items()}
         console.print(
             f"against the actuals (loss/MAE/RMSE): model {scores.loss:.4f}/{scores.mae:.4g}/"
-            f"{scores.rmse:.4g}; naive {naive}; skill {skill}"
+            f"{scores.rmse:.4g}{naive_text(naive, scores.skill)}"
         )
     for name, count in result.unknown_rows.items():
         if count:

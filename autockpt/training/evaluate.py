@@ -9,7 +9,7 @@ and stops early on its loss; it runs without autograd, so it needs no memory pla
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from autockpt.training.baselines import NAIVE_NAMES, skill
+from autockpt.training.baselines import NAIVE_NAMES, NaiveForecasts, skill
 from autockpt.training.distributed import rank_slice
 from autockpt.training.prepare import Setup, autocast
-from tft.data import WindowDataset, iterate_batches
+from tft.data import Batch, WindowDataset, iterate_batches
 
 
 @dataclass(frozen=True)
@@ -103,14 +103,14 @@ def evaluate(
     if len(dataset) == 0:
         return None
     model = setup.model if model is None else model
-    quantiles = setup.model_config.quantiles
-    median = min(range(len(quantiles)), key=lambda i: abs(quantiles[i] - 0.5))
-    # Errors are reported in target-transform units, each window with its symbol's scale.
-    target_std = torch.tensor(setup.data.normalizer.target.std, device=setup.device)
-    naive = setup.naive_forecasts
-    # Per forecast: loss, |error|, error^2 and covered sums, then each horizon step's loss sum.
-    totals = {name: np.zeros(4 + dataset.horizon) for name in ("model", *NAIVE_NAMES)}
-    num_windows = num_values = 0
+    scores = ForecastScores(
+        setup.naive_forecasts,
+        setup.loss_fn,
+        setup.model_config.quantiles,
+        setup.data.normalizer.target.std,
+        dataset.horizon,
+        setup.device,
+    )
     was_training = model.training
     model.eval()
     batches = iterate_batches(
@@ -124,23 +124,60 @@ def evaluate(
                     model(*(t[:1].to(setup.device) for t in global_batch.inputs()))
                 continue
             inputs = tuple(t.to(setup.device) for t in batch.inputs())
-            target = batch.target.to(setup.device)  # (B, H)
-            scale = target_std[batch.symbol_index.to(setup.device)][:, None]  # (B, 1)
-            forecasts = {
-                "model": model(*inputs).float(),  # (B, H, Q)
-                **naive.predictions(batch, setup.device),
-            }
-            for name, prediction in forecasts.items():
-                totals[name] += score_sums(setup.loss_fn, prediction, target, scale, median)
-            num_windows += len(target)
-            num_values += target.numel()
+            scores.add(model(*inputs).float(), batch)  # (B, H, Q)
     model.train(was_training)
     if setup.world.is_distributed:
-        by_rank = setup.world.all_gather((totals, num_windows, num_values))
-        totals = {key: np.sum([rank[key] for rank, _, _ in by_rank], axis=0) for key in totals}
-        num_windows = sum(windows for _, windows, _ in by_rank)
-        num_values = sum(values for _, _, values in by_rank)
-    return evaluation_of(totals, num_windows, num_values)
+        by_rank = setup.world.all_gather((scores.totals, scores.num_windows, scores.num_values))
+        scores.totals = {
+            key: np.sum([rank[key] for rank, _, _ in by_rank], axis=0) for key in scores.totals
+        }
+        scores.num_windows = sum(windows for _, windows, _ in by_rank)
+        scores.num_values = sum(values for _, _, values in by_rank)
+    return scores.evaluation()
+
+
+class ForecastScores:
+    """Sums of the scores of the model's forecasts and of the naive ones (NOTE [Naive
+    forecasts]) over batches of windows: what validation and ``predict`` report.
+
+    Args:
+        naive: the naive forecasts to score beside the model's.
+        loss_fn: the pinball loss, ``loss_fn(prediction, target)``.
+        quantiles: the quantile levels of a forecast's last axis.
+        target_std: each symbol's target scale: errors are reported in target-transform units.
+        horizon: forecast steps per window.
+        device: where the model's forecasts are.
+    """
+
+    def __init__(
+        self,
+        naive: NaiveForecasts,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        quantiles: Sequence[float],
+        target_std: Sequence[float],
+        horizon: int,
+        device: torch.device,
+    ) -> None:
+        self.naive, self.loss_fn, self.device = naive, loss_fn, device
+        self.median = min(range(len(quantiles)), key=lambda i: abs(quantiles[i] - 0.5))
+        self.target_std = torch.tensor(target_std, device=device)
+        # Per forecast: loss, |error|, error^2 and covered sums, then each step's loss sum.
+        self.totals = {name: np.zeros(4 + horizon) for name in ("model", *NAIVE_NAMES)}
+        self.num_windows = self.num_values = 0
+
+    def add(self, prediction: torch.Tensor, batch: Batch) -> None:
+        """Score the model's ``prediction`` ``(B, H, Q)`` of ``batch``, and the naive
+        forecasts of it."""
+        target = batch.target.to(self.device)  # (B, H)
+        scale = self.target_std[batch.symbol_index.to(self.device)][:, None]  # (B, 1)
+        forecasts = {"model": prediction, **self.naive.predictions(batch, self.device)}
+        for name, forecast in forecasts.items():
+            self.totals[name] += score_sums(self.loss_fn, forecast, target, scale, self.median)
+        self.num_windows += len(target)
+        self.num_values += target.numel()
+
+    def evaluation(self) -> Evaluation:
+        return evaluation_of(self.totals, self.num_windows, self.num_values)
 
 
 def evaluation_of(totals: dict[str, np.ndarray], num_windows: int, num_values: int) -> Evaluation:

@@ -21,12 +21,12 @@ import pyarrow.parquet as pq
 import torch
 
 from autockpt.errors import RunError
-from autockpt.training.baselines import NAIVE_NAMES, NaiveForecasts
-from autockpt.training.evaluate import Evaluation, evaluation_of, score_sums
+from autockpt.training.baselines import NaiveForecasts
+from autockpt.training.evaluate import Evaluation, ForecastScores
 from autockpt.training.runs import BEST_FILE, NAIVE_FILE, RunFolder, write_atomic
 from autockpt.training.settings import resolve_device
 from tft.config import TFTConfig
-from tft.data import Batch, WindowedData, iterate_batches, load_windows
+from tft.data import WindowedData, iterate_batches, load_windows
 from tft.loss import QuantileLoss
 from tft.model import TemporalFusionTransformer
 from tft.normalize import Normalizer
@@ -140,7 +140,7 @@ def predict(
     windows = loaded.whole
 
     forecasts, actuals, times, symbols = [], [], [], []
-    scoring = _Scoring.of(run, config, normalizer, windows.horizon)
+    scoring = _scores_of(run, config, normalizer, windows.horizon)
     with torch.no_grad():
         for batch in iterate_batches(
             windows, batch_size or DEFAULT_BATCH_SIZE, shuffle=False, seed=0, drop_last=False
@@ -182,44 +182,19 @@ def predict(
     )
 
 
-class _Scoring:
-    """The forecasts scored against the file's actuals beside the run's naive forecasts
-    (NOTE [Naive forecasts]), as validation scores them."""
-
-    def __init__(
-        self, naive: NaiveForecasts, config: TFTConfig, normalizer: Normalizer, horizon: int
-    ) -> None:
-        self.naive = naive
-        self.loss_fn = QuantileLoss(config.quantiles)
-        quantiles = config.quantiles
-        self.median = min(range(len(quantiles)), key=lambda i: abs(quantiles[i] - 0.5))
-        self.target_std = torch.tensor(normalizer.target.std)
-        self.totals = {name: np.zeros(4 + horizon) for name in ("model", *NAIVE_NAMES)}
-        self.num_windows = self.num_values = 0
-
-    @classmethod
-    def of(
-        cls, run: RunFolder, config: TFTConfig, normalizer: Normalizer, horizon: int
-    ) -> _Scoring | None:
-        """Scoring against the run's naive forecasts; None for a run saved without them."""
-        path = run.file(NAIVE_FILE)
-        if not path.exists():
-            return None
-        naive = NaiveForecasts.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        return cls(naive, config, normalizer, horizon)
-
-    def add(self, prediction: torch.Tensor, batch: Batch) -> None:
-        scale = self.target_std[batch.symbol_index][:, None]
-        forecasts = {"model": prediction, **self.naive.predictions(batch, torch.device("cpu"))}
-        for name, forecast in forecasts.items():
-            self.totals[name] += score_sums(
-                self.loss_fn, forecast, batch.target, scale, self.median
-            )
-        self.num_windows += len(batch.target)
-        self.num_values += batch.target.numel()
-
-    def evaluation(self) -> Evaluation:
-        return evaluation_of(self.totals, self.num_windows, self.num_values)
+def _scores_of(
+    run: RunFolder, config: TFTConfig, normalizer: Normalizer, horizon: int
+) -> ForecastScores | None:
+    """Scores against the run's naive forecasts, as validation keeps them (on the CPU, where
+    the forecasts are written from); None for a run saved without them."""
+    path = run.file(NAIVE_FILE)
+    if not path.exists():
+        return None
+    naive = NaiveForecasts.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    loss_fn = QuantileLoss(config.quantiles)
+    return ForecastScores(
+        naive, loss_fn, config.quantiles, normalizer.target.std, horizon, torch.device("cpu")
+    )
 
 
 def _forecast_table(

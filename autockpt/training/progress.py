@@ -50,16 +50,19 @@ def _skill_text(value: float | None) -> str:
 
 
 def _naive_text(record: Record) -> str:
-    """``"  | naive: no change 0.18/0.00015/0.00021, ...  skill +2.1%"``: each naive
-    forecast's loss/MAE/RMSE on the same windows, and the model's skill over the better one."""
     naive = record.get("val_naive")
-    if not naive:
-        return ""
+    return naive_text(naive, record.get("val_skill")) if naive else ""
+
+
+def naive_text(naive: dict[str, dict[str, Any]], skill: float | None) -> str:
+    """``"  | naive (loss/MAE/RMSE): no change 0.18/0.00015/0.00021, ...  skill +2.1%"``: each
+    naive forecast's scores (as ``Scores.record`` gives them) and the model's skill over the
+    better one."""
     parts = ", ".join(
         f"{_NAIVE_LABELS[name]} {s['loss']:.4f}/{s['mae']:.4g}/{s['rmse']:.4g}"
         for name, s in naive.items()
     )
-    return f"  | naive (loss/MAE/RMSE): {parts}  skill {_skill_text(record.get('val_skill'))}"
+    return f"  | naive (loss/MAE/RMSE): {parts}  skill {_skill_text(skill)}"
 
 
 def memory_text(peak_bytes: int | None, budget_bytes: int | None) -> str:
