@@ -444,8 +444,8 @@ MUTATIONS = (
         "timeline-mean-points",
         "a timeline point is the mean of the ops it stands for, so a short peak is lost",
         "autockpt/planner/report_rows.py",
-        "    heights = [max(b for b, _, _ in group) for group in points]",
-        "    heights = [sum(b for b, _, _ in group) // len(group) for group in points]",
+        "        heights.append(top)",
+        "        heights.append(sum(op[0] for op in ops[start : start + per_point]) // per_point)",
         ("tests/planner/test_report_rows.py",),
     ),
     Mutation(

@@ -42,6 +42,9 @@ def check_plot_available(path: Path | None) -> None:
 
 def plot_plan(plan: Plan, path: Path, *, budget_given: bool) -> None:
     """:func:`plan_figure` written to ``path`` as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # a file, no window: here, not in plan_figure, which a notebook shows
     import matplotlib.pyplot as plt
 
     from autockpt.training.runs import write_atomic
@@ -59,9 +62,6 @@ def plan_figure(plan: Plan, *, budget_given: bool = True) -> Figure:
     plan has its timeline: bytes alive across one step, plain and planned, with the phases
     marked and the recomputed segments' backward shaded (:func:`draw_timeline`).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     mib = 2**20

@@ -40,7 +40,7 @@ NOTE [Planning's own peak]
 Planning runs on the card the user said is full, so what it allocates counts as much as the step it
 plans. It allocates three kinds of real tensors: the real steps of a model measured on a real copy
 (NOTE [Scaled real measurement] in :mod:`autockpt.planner.measure.scaled_step`: at batches that fit
-half of the budget), the time model's calibration (sized to half of what the budget leaves free;
+90% of the budget's usable bytes), the time model's calibration (sized to half of what the budget leaves free;
 :func:`step_costs`) and, on the CPU for a traced model, the timed runs of the real model at the whole
 batch (NOTE [Measured step time]; on the CPU the budget stands for a card, and the host's memory
 pays for these). The plan reports the peak: on CUDA the caching allocator's count of tensor bytes

@@ -77,12 +77,13 @@ def step_timeline(profile: StepProfile, recomputed: Sequence[bool]) -> StepTimel
     if not ops:
         return None
     per_point = -(-len(ops) // TIMELINE_POINTS)
-    points = [ops[i : i + per_point] for i in range(0, len(ops), per_point)]
-    heights = [max(b for b, _, _ in group) for group in points]
+    heights: list[int] = []
     phases: list[tuple[str, int, int]] = []
     shaded: list[tuple[int, int]] = []
-    for index, group in enumerate(points):
-        _, phase, segment = max(group, key=lambda op: op[0])
+    for index, start in enumerate(range(0, len(ops), per_point)):
+        # The point is its highest op: its bytes, and the phase and segment it ran in.
+        top, phase, segment = max(ops[start : start + per_point], key=lambda op: op[0])
+        heights.append(top)
         if phases and phases[-1][0] == phase:
             phases[-1] = (phase, phases[-1][1], index)
         else:
