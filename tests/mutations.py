@@ -457,6 +457,14 @@ MUTATIONS = (
         ("tests/training/test_interpret.py",),
     ),
     Mutation(
+        "flow-same-bar",
+        "the planted order flow moves its own bar's return, so the sample has nothing to forecast",
+        "tft/planted.py",
+        "    previous = np.concatenate([[0.0], flow[:-1]])",
+        "    previous = flow",
+        ("tests/tft/test_synthetic.py",),
+    ),
+    Mutation(
         "python-state-unseen",
         "a call that writes to a cache or list it is given may be recomputed",
         "autockpt/planner/trace/module_chain.py",

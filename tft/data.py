@@ -137,6 +137,11 @@ class WindowDataset:
         return len(self._starts)
 
     @property
+    def rows(self) -> Rows:
+        """The row arrays this dataset's windows index (shared by every split of the file)."""
+        return self._rows
+
+    @property
     def starts(self) -> np.ndarray:
         """Read-only (num_windows,) int64 first row of each window in the row arrays."""
         return self._starts

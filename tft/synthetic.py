@@ -14,6 +14,10 @@ What the generator reproduces, and why each piece is there:
   session (08:30-15:00 Central). Symbols share a common factor (equity indices move together),
   each with its own loading. Sessions open with a gap. Every price is on the 0.25 tick, and
   ``high >= max(open, close)``, ``low <= min(open, close)``.
+* **Order flow (the predictable part).** ``order_flow`` is each bar's signed volume imbalance
+  in (-1, 1); it follows a persistent latent flow, and the price follows the flow one bar
+  later: the only information about the returns' mean in the file (NOTE [Planted order flow]
+  in :mod:`tft.planted`, which says how strong it is and gives the oracle's forecast).
 * **Volume.** A non-negative ``int64`` count whose mean follows the same U shape (busiest at the
   regular-session open and close) and rises with volatility.
 * **Features.** ``num_features`` causal columns (``float32``), each computed from the current and
@@ -46,8 +50,16 @@ import pyarrow.parquet as pq
 
 from autockpt.errors import DataError
 from tft.features import feature_names, features
+from tft.planted import PlantedTruth, latent_flow, observed_flow, returns_with_flow
 
-__all__ = ["BARS_PER_SESSION", "TICK_SIZE", "feature_names", "generate_bars", "write_bars"]
+__all__ = [
+    "BARS_PER_SESSION",
+    "TICK_SIZE",
+    "feature_names",
+    "generate_bars",
+    "planted_truth",
+    "write_bars",
+]
 
 BARS_PER_SESSION = 1380
 """One-minute bars in one Globex session (17:00 to 16:00 Central)."""
@@ -177,8 +189,9 @@ def _bars(
     spec: _SymbolSpec,
     factor: np.ndarray,
     rng: np.random.Generator,
+    flow_rng: np.random.Generator,
     gaps_days: np.ndarray,
-) -> dict[str, np.ndarray]:
+) -> tuple[dict[str, np.ndarray], PlantedTruth]:
     num_bars = len(factor)
     volume_profile, vol_profile = _intraday_profiles()
     num_sessions = num_bars // BARS_PER_SESSION
@@ -190,7 +203,8 @@ def _bars(
     unconditional = spec.daily_vol**2 / BARS_PER_SESSION
     variance = _garch_variance(shocks, unconditional)
     sigma = np.sqrt(variance) * vol_profile
-    returns = sigma * shocks
+    flow = latent_flow(flow_rng.standard_normal(num_bars))
+    returns = returns_with_flow(sigma, shocks, flow)
 
     # Sessions open with a gap: as wide as 25 bars' moves after the daily break, twice that after
     # a weekend.
@@ -214,7 +228,9 @@ def _bars(
     activity = (0.5 + 0.5 * np.sqrt(variance / unconditional)) * (0.7 + 0.3 * np.abs(shocks))
     mean_volume = spec.volume * volume_profile * activity * rng.gamma(4.0, 0.25, num_bars)
     volume = rng.poisson(mean_volume).astype(np.int64)
-    return {"open": open_, "high": high, "low": low, "close": close, "volume": volume}
+    bars = {"open": open_, "high": high, "low": low, "close": close, "volume": volume}
+    bars["order_flow"] = observed_flow(flow)
+    return bars, PlantedTruth(volatility=sigma, flow=flow)
 
 
 # ---------------------------------------------------------------------------- generating and writing
@@ -282,16 +298,43 @@ def generate_bars(
         >>> table.num_rows
         5520
     """
+    table, _ = _generate(days, num_features, symbols, seed, start)
+    return table
+
+
+def planted_truth(
+    *,
+    days: int,
+    symbols: Sequence[str] = ("ES",),
+    seed: int = 0,
+    start: str = "2024-01-02",
+) -> PlantedTruth:
+    """What :func:`generate_bars` with these arguments planted and the table does not show:
+    each bar's volatility and latent order flow, in the table's row order (NOTE [Planted order
+    flow] in :mod:`tft.planted`); the features play no part, so any ``num_features`` matches."""
+    _, truths = _generate(days, 0, symbols, seed, start)
+    return PlantedTruth(
+        volatility=np.concatenate([t.volatility for t in truths]),
+        flow=np.concatenate([t.flow for t in truths]),
+    )
+
+
+def _generate(
+    days: int, num_features: int, symbols: Sequence[str], seed: int, start: str
+) -> tuple[pa.Table, list[PlantedTruth]]:
     _check_arguments(days, num_features, symbols, seed)
     trading_days = _trading_days(_parse_start(start), days)
     timestamps, gaps_days = _session_timestamps(trading_days)
     num_bars = len(timestamps)
     factor = _student_t(np.random.default_rng([seed, 0]), num_bars)
 
-    pieces = []
+    pieces, truths = [], []
     for symbol in sorted(symbols):
-        rng = np.random.default_rng([seed, 1, zlib.crc32(symbol.encode())])
-        bars = _bars(_spec(symbol), factor, rng, gaps_days)
+        check = zlib.crc32(symbol.encode())
+        rng = np.random.default_rng([seed, 1, check])
+        flow_rng = np.random.default_rng([seed, 2, check])
+        bars, truth = _bars(_spec(symbol), factor, rng, flow_rng, gaps_days)
+        truths.append(truth)
         columns: dict[str, pa.Array] = {
             "timestamp": pa.array(timestamps, type=pa.timestamp("ns", tz="UTC")),
             "symbol": pa.array([symbol] * num_bars, type=pa.string()),
@@ -301,7 +344,7 @@ def generate_bars(
             {name: pa.array(values) for name, values in features(bars, num_features).items()}
         )
         pieces.append(pa.table(columns))
-    return pa.concat_tables(pieces)
+    return pa.concat_tables(pieces), truths
 
 
 def _column_encodings(schema: pa.Schema) -> dict[str, str]:

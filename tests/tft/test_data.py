@@ -60,7 +60,7 @@ def _window_rows(dataset: WindowDataset) -> np.ndarray:
 
 def test_batch_shapes_and_dtypes(data: WindowedData) -> None:
     batch = data.train.batch([0, 5, 7, 11])
-    num_observed = 1 + 4 + NUM_FEATURES  # target history, open/high/low/volume, features
+    num_observed = 1 + 5 + NUM_FEATURES  # target history, open/high/low/volume/flow, features
     assert data.num_observed == num_observed and data.num_known == 4
     assert data.static_cardinalities == [2] and data.symbols == ["ES", "NQ"]
     assert data.observed_columns[:5] == ["close_log_return", "open", "high", "low", "volume"]

@@ -10,9 +10,10 @@ import pytest
 
 from autockpt.errors import DataError
 from tft.features import feature_names, features
-from tft.synthetic import BARS_PER_SESSION, generate_bars, write_bars
+from tft.planted import FLOW_IMPACT
+from tft.synthetic import BARS_PER_SESSION, generate_bars, planted_truth, write_bars
 
-BAR_COLUMNS = ["timestamp", "symbol", "open", "high", "low", "close", "volume"]
+BAR_COLUMNS = ["timestamp", "symbol", "open", "high", "low", "close", "volume", "order_flow"]
 NUM_FEATURES = 20
 # Friday 2024-03-08, then Monday 11 and Tuesday 12: a weekend and the switch to daylight saving
 # time (Sunday 2024-03-10) fall inside the span.
@@ -50,7 +51,7 @@ def test_schema_and_order(table: pa.Table) -> None:
     for name in ["open", "high", "low", "close"]:
         assert table.schema.field(name).type == pa.float64()
     assert table.schema.field("volume").type == pa.int64()
-    for name in feature_names(NUM_FEATURES):
+    for name in ["order_flow", *feature_names(NUM_FEATURES)]:
         assert table.schema.field(name).type == pa.float32()
     symbols = _column(table, "symbol")
     times = _column(table, "timestamp").astype(np.int64)
@@ -155,6 +156,38 @@ def test_realistic_shape(table: pa.Table) -> None:
     rth_close, overnight = volume[1290:1320].mean(), volume[300:500].mean()
     assert rth_open > rth_middle < rth_close  # U shape over the regular session
     assert overnight < rth_middle
+
+
+def test_order_flow_leads_the_next_return_and_nothing_else_does(table: pa.Table) -> None:
+    """NOTE [Planted order flow]: the imbalance tells the next bar's return best; the
+    returns' own past, which the flow moved, tells less."""
+    es = table.slice(0, 3 * BARS_PER_SESSION)
+    flow = _column(es, "order_flow").astype(np.float64)
+    assert np.all(np.abs(flow) < 1) and 0.3 < flow.std() < 0.8
+    returns = np.diff(np.log(_column(es, "close")))  # returns[t] is bar t + 1's
+    leading = np.corrcoef(flow[:-1], returns)[0, 1]
+    assert leading > 0.25, leading
+    # The flow persists, so it tells its own bar's return too, but less than the next one's.
+    assert np.corrcoef(flow[1:], returns)[0, 1] < leading - 0.05
+    lag0 = _column(es, "log_return_lag0").astype(np.float64)
+    # Past returns carry a little of the flow that moved them: a weaker forecast than it.
+    assert 0 < np.corrcoef(lag0[:-1], returns)[0, 1] < leading / 2
+
+
+def test_planted_truth_is_the_table_s() -> None:
+    """The oracle's truth lines up with the table: each bar's return over its volatility is
+    the planted mean plus unit-variance noise."""
+    arguments = {"days": 3, "symbols": ["NQ", "ES"], "seed": 5}
+    table = generate_bars(num_features=0, **arguments)
+    truth = planted_truth(**arguments)
+    assert len(truth.volatility) == len(truth.flow) == table.num_rows
+    close, symbols = _column(table, "close"), _column(table, "symbol")
+    origins = np.flatnonzero(symbols[:-1] == symbols[1:])  # bars with a next bar, same symbol
+    origins = origins[(origins + 1) % BARS_PER_SESSION != 0]  # not across a session's gap
+    returns = np.log(close[origins + 1]) - np.log(close[origins])
+    residual = (returns - truth.planted_mean(origins, 1)[:, 0]) / truth.volatility[origins + 1]
+    assert 0.9 < residual.std() / np.sqrt(1 - FLOW_IMPACT**2) < 1.1
+    assert abs(np.corrcoef(residual, truth.flow[origins])[0, 1]) < 0.05
 
 
 def test_write_bars_round_trip(tmp_path: Path) -> None:
