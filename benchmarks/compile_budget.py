@@ -11,7 +11,10 @@ its own copy of the model (same weights) with AdamW, in one process:
   compiled as ``compile 1`` is. Compiled, a plan's step does not peak where the planner's
   eager prediction says (inductor fuses and frees on its own schedule), so when the compiled
   planned step peaks above its target it is planned again at a budget lowered by the overshoot
-  (up to ``--attempts`` plans); the row is the last plan tried.
+  (up to ``--attempts`` plans); the row is the last plan tried;
+* ``compile-aware ~ compile B``: ``autockpt.plan(..., compile=True)`` at the peak ``compile B``
+  measured (NOTE [Compiled plans]), applied (``apply`` compiles it), measured like the others;
+  ``compile-aware at 60% of compile 1`` the same at 60% of the plain compiled peak.
 
 Memory is the peak of one step (gradients set to None, forward, loss, backward, AdamW step)
 from the profiler's memory events: they come from the allocator, so they see inductor's
@@ -32,13 +35,12 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the zoo lives in the tests package
@@ -46,7 +48,12 @@ sys.path.insert(0, str(REPO))  # the zoo lives in the tests package
 from zoo import what_it_does  # noqa: E402
 
 import autockpt  # noqa: E402
+from autockpt.planner.measure.allocator_peak import (  # noqa: E402
+    allocator_peak_bytes,
+    resident_bytes,
+)
 from autockpt.planner.measure.fake_step import default_loss  # noqa: E402
+from autockpt.planner.runtime.compiled_backend import inductor_at  # noqa: E402
 from tests.zoo import ZOO  # noqa: E402
 from tests.zoo.tft_like import tft_batch, tft_loss  # noqa: E402
 from tft.config import get_preset  # noqa: E402
@@ -111,44 +118,6 @@ class Strategy:
         self.optimizer.step()
 
 
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-
-
-def resident_bytes(strategy: Strategy, work: Workload) -> int:
-    """Bytes alive before the step that the step needs: weights, buffers, AdamW state, batch."""
-    state = [strategy.optimizer.state[p] for p in strategy.model.parameters()]
-    tensors = [
-        *strategy.model.parameters(),
-        *strategy.model.buffers(),
-        *_tensors(state),
-        *_tensors((work.inputs, work.targets)),
-    ]
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-    return sum(storages.values())
-
-
-def profiled_peak_bytes(action: Callable[[], None]) -> int:
-    """The most bytes ``action`` holds above what was allocated when it started, from the
-    allocator's memory events (the profiler's, so compiled code's buffers count)."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
-        action()
-    events = profiler.profiler.kineto_results.events()  # type: ignore[union-attr]
-    memory = sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns())
-    live = peak = 0
-    for event in memory:
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
-
-
 def _fresh_copy(work: Workload) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """A copy of the model and its AdamW with its state made (as it is once training runs)."""
     model = copy.deepcopy(work.model)
@@ -160,33 +129,22 @@ def _fresh_copy(work: Workload) -> tuple[torch.nn.Module, torch.optim.Optimizer]
     return model, optimizer
 
 
-def _inductor_at(activation_memory_budget: float) -> Callable[..., Any]:
-    """Inductor with the partitioner at ``activation_memory_budget``; a backend of its own per
-    strategy, so dynamo compiles each copy separately."""
-    from torch._inductor.compile_fx import compile_fx
-
-    def backend(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        with torch._functorch.config.patch(activation_memory_budget=activation_memory_budget):
-            return compile_fx(graph, example_inputs)
-
-    return backend
-
-
 def measured(strategy: Strategy, work: Workload) -> Strategy:
     """The strategy after a first step (where compiling happens) and its profiled peak."""
     started = time.perf_counter()
     strategy.step(work)
     strategy.compile_s = time.perf_counter() - started
-    strategy.peak_bytes = resident_bytes(strategy, work) + profiled_peak_bytes(
-        lambda: strategy.step(work)
-    )
+    batch = (*work.inputs, *work.targets)
+    strategy.peak_bytes = resident_bytes(
+        strategy.model, strategy.optimizer, batch
+    ) + allocator_peak_bytes(lambda: strategy.step(work), torch.device("cpu"))
     return strategy
 
 
 def compiled(work: Workload, name: str, budget: float, plan: autockpt.Plan | None) -> Strategy:
     model, optimizer = _fresh_copy(work)
     runner = autockpt.apply(model, plan) if plan is not None else model
-    compiled_runner = cast(torch.nn.Module, torch.compile(runner, backend=_inductor_at(budget)))
+    compiled_runner = cast(torch.nn.Module, torch.compile(runner, backend=inductor_at(budget)))
     return measured(Strategy(name, model, optimizer, compiled_runner, plan), work)
 
 
@@ -232,6 +190,38 @@ def planned_to_match(work: Workload, target: Strategy, attempts: int) -> Strateg
     return strategy
 
 
+def compile_aware(work: Workload, target: Strategy | float, name: str) -> Strategy | None:
+    """``autockpt.plan(..., compile=True)`` at ``target``'s peak (or at a byte count), applied
+    to a fresh copy (which ``apply`` compiles) and measured like the others."""
+    budget = target if isinstance(target, float) else target.peak_bytes
+    assert budget is not None
+    started = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan = autockpt.plan(
+                work.model,
+                work.inputs,
+                int(budget),
+                loss_fn=work.loss_fn,
+                example_targets=work.targets,
+                compile=True,
+            )
+    except autockpt.InfeasibleBudgetError as error:
+        print(f"  {work.name}: {name}: refused: {error}", flush=True)
+        return None
+    search_s = time.perf_counter() - started
+    model, optimizer = _fresh_copy(work)
+    strategy = measured(Strategy(name, model, optimizer, autockpt.apply(model, plan), plan), work)
+    chosen = next(note for note in plan.notes if note.startswith("chosen:"))
+    search = next(note for note in plan.notes if note.startswith("compiled search:"))
+    strategy.notes.append(
+        f"{chosen}, measured {plan.predicted_peak_bytes / MIB:.2f} MiB in the search, "
+        f"{search.split(':')[1].split('(')[0].strip()}, planning {search_s:.0f} s in all"
+    )
+    return strategy
+
+
 def time_round_robin(strategies: Sequence[Strategy], work: Workload, runs: int, steps: int) -> None:
     """Each run: every strategy ``steps`` steps in turn (the order rotating), its median kept."""
     for run in range(runs):
@@ -262,9 +252,21 @@ def one_model(work: Workload, runs: int, steps: int, attempts: int) -> list[str]
         matched = planned_to_match(work, own, attempts)
         if matched is not None:
             strategies.append(matched)
+        aware = compile_aware(work, own, f"compile-aware ~ {own.name}")
+        if aware is not None:
+            strategies.append(aware)
+    plain_compiled = strategies[1].peak_bytes
+    assert plain_compiled is not None
+    aware = compile_aware(work, 0.6 * plain_compiled, "compile-aware at 60% of compile 1")
+    if aware is not None:
+        strategies.append(aware)
     print(
         f"  {work.name}: compiled and planned in {time.perf_counter() - started:.0f} s", flush=True
     )
+    # The compiled search resets dynamo, so the strategies compiled before it compile again:
+    # here, not inside the timed rounds.
+    for strategy in strategies:
+        strategy.step(work)
     time_round_robin(strategies, work, runs, steps)
     base = strategies[1]
     assert base.peak_bytes is not None

@@ -465,6 +465,14 @@ MUTATIONS = (
         ("tests/tft/test_synthetic.py",),
     ),
     Mutation(
+        "compiled-fit-unchecked",
+        "the compiled search takes the fastest compiled step whether or not it fits the budget",
+        "autockpt/planner/compiled_search.py",
+        "        return [c for c in tried if c.peak_bytes <= budget_bytes]",
+        "        return list(tried)",
+        ("tests/planner/test_compiled_plan.py",),
+    ),
+    Mutation(
         "python-state-unseen",
         "a call that writes to a cache or list it is given may be recomputed",
         "autockpt/planner/trace/module_chain.py",

@@ -24,8 +24,9 @@ PLANNER = "autockpt.planner"
 #: only those before it, and none imports the planner's top (which imports them all).
 STAGES = ("core", "trace", "runtime", "measure", "timing", "solve")
 #: Modules at the planner's top: what a user imports (plan(), the Plan types, apply,
-#: training_step, verification) and planning's pipeline.
-MAX_TOP_MODULES = 8
+#: training_step, verification), planning's pipeline and the compiled search (which, like
+#: verification, runs real steps of the applied plan).
+MAX_TOP_MODULES = 9
 MAX_STAGE_MODULES = 12
 #: A function in one screen: lines of code, docstrings, comments and blank lines not counted.
 MAX_FUNCTION_LINES = 100

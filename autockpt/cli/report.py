@@ -87,11 +87,23 @@ def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
         )
     verdict = "[green]fits[/green]" if plan.fits else "[red]does not fit[/red]"
     against = f" of budget {format_bytes(plan.budget_bytes)} ({verdict})" if budget_given else ""
-    console.print(
-        f"peak:          {format_bytes(plan.predicted_peak_bytes)} predicted{against}; "
-        f"{format_bytes(plan.unplanned_peak_bytes)} with nothing recomputed; minimum about "
-        f"{format_bytes(plan.minimum_feasible_bytes)} (the planner's estimate)"
-    )
+    if plan.compile_fraction is None:
+        console.print(
+            f"peak:          {format_bytes(plan.predicted_peak_bytes)} predicted{against}; "
+            f"{format_bytes(plan.unplanned_peak_bytes)} with nothing recomputed; minimum about "
+            f"{format_bytes(plan.minimum_feasible_bytes)} (the planner's estimate)"
+        )
+    else:
+        console.print(
+            f"compiled:      torch.compile (inductor) at activation memory budget "
+            f"{plan.compile_fraction:g}; the peak and step times are of compiled steps, "
+            "measured (the allocator's count) and timed"
+        )
+        console.print(
+            f"peak:          {format_bytes(plan.predicted_peak_bytes)} measured{against}; "
+            f"{format_bytes(plan.unplanned_peak_bytes)} plain compiled; lowest compiled step "
+            f"tried {format_bytes(plan.minimum_feasible_bytes)}"
+        )
     if plan.planning_peak_bytes:
         console.print(
             f"planning:      held {format_bytes(plan.planning_peak_bytes)} at its peak, model "

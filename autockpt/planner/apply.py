@@ -6,6 +6,7 @@ import torch
 
 from autockpt.errors import PlanMismatchError
 from autockpt.planner.plan_types import Plan
+from autockpt.planner.runtime.compiled_backend import compile_in_place
 from autockpt.planner.runtime.planned_chain import apply_module_plan
 from autockpt.planner.runtime.planned_graph import planned_module
 from autockpt.planner.runtime.segment_runners import SegmentAction
@@ -64,6 +65,14 @@ def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
         )
         for segment in plan.segments
     ]
+    planned = _planned(model, plan, actions)
+    if plan.compile_fraction is not None:
+        # NOTE [Compiled plans]: the plan was measured compiled; it runs compiled.
+        compile_in_place(planned, plan.compile_fraction)
+    return planned
+
+
+def _planned(model: torch.nn.Module, plan: Plan, actions: list[SegmentAction]) -> torch.nn.Module:
     if plan.tracing == "forward-hooks":
         # Module-level segments (NOTE [Module chain]): a shallow copy with checkpointed links.
         return apply_module_plan(model, [segment.modules for segment in plan.segments], actions)

@@ -21,6 +21,7 @@ from autockpt.errors import (
     PlanningError,
     describe_error,
 )
+from autockpt.planner.compiled_search import MAX_COMPILES, plan_compiled
 from autockpt.planner.core.host_settings import cyclic_gc_paused, one_cpu_thread
 from autockpt.planner.core.train_eval import training_mode
 from autockpt.planner.core.units import Budget, format_bytes, parse_budget
@@ -59,6 +60,8 @@ def plan(
     parallelism: Parallelism | None = None,
     tracing: Tracing = "auto",
     gradients_live: bool = False,
+    compile: bool = False,
+    max_compiles: int = MAX_COMPILES,
 ) -> Plan:
     """Plan a training step of ``model`` that fits ``budget`` (NOTE [Planning]).
 
@@ -112,6 +115,13 @@ def plan(
         gradients_live: the loop keeps every gradient alive through the forward (it
             accumulates them over batches, or zeroes them only after the forward): they are
             counted from the start of the step.
+        compile: plan the step ``torch.compile`` (inductor) runs: candidates (the plain
+            model at inductor's own activation memory budgets, the eager plan at this budget)
+            are compiled and their real steps measured by the allocator and timed; the
+            fastest that fits is the plan, and :func:`autockpt.apply` returns it compiled
+            (NOTE [Compiled plans]). Needs the model and inputs on the device, and
+            ``optimizer`` ``"adamw"``, ``"sgd"`` or ``None``; one process.
+        max_compiles: compiles the ``compile=True`` search makes at most.
 
     Returns:
         The plan: which segments recompute (and in how many chunks), how many micro-batches,
@@ -153,13 +163,8 @@ def plan(
     target = read
     notes: list[str] = []
     if not model.training:
-        warnings.warn(
-            f"{type(model).__name__} is in eval mode; autockpt.plan measures its training step "
-            "as it trains (after model.train()) and leaves it in eval mode "
-            "(NOTE [Modes and the traced graph])",
-            stacklevel=2,
-        )
-    options = dict(
+        _warn_eval_mode(model)
+    options: dict[str, Any] = dict(
         loss_fn=loss_fn,
         example_targets=example_targets,
         optimizer=optimizer,
@@ -171,6 +176,9 @@ def plan(
         tracing=tracing,
         gradients_live=gradients_live,
     )
+    if compile:
+        options.update(world_size=world_size, parallelism=parallelism)
+        return _plan_compiled(model, example_inputs, read, resolved_device, max_compiles, options)
     for _ in range(MAX_VERIFY_ROUNDS):
         try:
             result = _plan_round(model, example_inputs, target, read, share, rng_devices, options)
@@ -209,6 +217,57 @@ def plan(
         "after re-planning; raise the budget or lower the batch size",
         budget_bytes=read.bytes,
         minimum_bytes=read.bytes,
+    )
+
+
+def _warn_eval_mode(model: torch.nn.Module) -> None:
+    warnings.warn(
+        f"{type(model).__name__} is in eval mode; autockpt.plan measures its training step "
+        "as it trains (after model.train()) and leaves it in eval mode "
+        "(NOTE [Modes and the traced graph])",
+        stacklevel=3,
+    )
+
+
+def _plan_compiled(
+    model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    read: Budget,
+    device: torch.device,
+    max_compiles: int,
+    options: dict[str, Any],
+) -> Plan:
+    """``plan(..., compile=True)``: the compiled search over eager plans of this budget."""
+    if options["world_size"] != 1 or options["autocast_dtype"] is not None:
+        raise ConfigError(
+            "compile=True plans one process in full precision for now; drop world_size and "
+            "autocast_dtype, or plan without compile"
+        )
+    if not (options["optimizer"] is None or options["optimizer"] in ("adamw", "sgd")):
+        raise ConfigError(
+            f"compile=True runs real steps with optimizer 'adamw', 'sgd' or None, not "
+            f"{options['optimizer']!r}; pass one of those (the state each keeps is counted)"
+        )
+
+    def eager(budget_bytes: int | None) -> Plan:
+        forced = {"use_gradient_checkpointing": False} if budget_bytes is None else {}
+        at = (
+            read
+            if budget_bytes is None
+            else Budget(bytes=budget_bytes, text=read.text, reading=read.reading)
+        )
+        return plan(model, example_inputs, at, **{**options, "verify": False, **forced})
+
+    return plan_compiled(
+        model,
+        example_inputs,
+        read.bytes,
+        eager,
+        loss_fn=options["loss_fn"],
+        example_targets=options["example_targets"],
+        optimizer=options["optimizer"],
+        device=device,
+        max_compiles=max_compiles,
     )
 
 

@@ -153,6 +153,10 @@ class Plan(BaseModel):
     """Ranks training together; the budget, the peak and the breakdown are one rank's."""
     parallelism: Parallelism = "single"
     """How the ranks share the work: ``single``, ``ddp`` or ``fsdp`` (NOTE [Per-rank accounting])."""
+    compile_fraction: float | None = None
+    """None: the step runs eager. A number: :func:`autockpt.apply` compiles the planned module
+    with inductor at this ``activation_memory_budget``, and the peak, the step time and the
+    unplanned figures are those of compiled steps measured for real (NOTE [Compiled plans])."""
 
     @property
     def num_recomputed(self) -> int:

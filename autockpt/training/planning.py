@@ -37,6 +37,16 @@ def make_plan(
     The plan is for one of ``world_size`` ranks sharing the model by ``parallelism``.
     """
     planned_for = budget if budget is not None else unlimited_budget()
+    # NOTE [Compiled plans]: with --compile and a budget, the plan is searched for among
+    # compiled steps measured for real; without a budget nothing needs fitting, and the
+    # trainer compiles the plain plan itself. The search plans one process in full precision.
+    compiled_search = (
+        config.compile
+        and budget is not None
+        and world_size == 1
+        and autocast_dtype is None
+        and config.use_gradient_checkpointing is None
+    )
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         return autockpt.plan(
@@ -51,6 +61,7 @@ def make_plan(
             autocast_dtype=autocast_dtype,
             world_size=world_size,
             parallelism=parallelism,
+            compile=compiled_search,
         )
 
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from autockpt.planner.core.memory_tracker import MemoryTracker, tensors_of
+from autockpt.planner.measure.allocator_peak import allocator_count, resident_bytes
 from autockpt.planner.measure.sharding import Parallelism
 from autockpt.planner.plan_types import Plan
 
@@ -149,6 +150,15 @@ class StepMemoryMeter:
             reading.peak_bytes = (
                 torch.cuda.max_memory_reserved(self.device) + self.plan.breakdown.context_bytes
             )
+            return
+        if self.plan.compile_fraction is not None:
+            # A compiled plan: inductor's buffers are invisible to a dispatch mode (under
+            # one the step would even run eagerly), so the allocator counts (NOTE [Compiled
+            # plans]), from the bytes the step starts with, as the plan's search counted.
+            resident = resident_bytes(self.model, self.optimizer, (*inputs, target))
+            with allocator_count(self.device) as counted:
+                yield reading
+            reading.peak_bytes = resident + counted.peak_bytes
             return
         initial = [_local(t) for t in tensors_of(self.model, self.optimizer)]
         with MemoryTracker(initial=[*initial, *inputs, target]) as tracker:

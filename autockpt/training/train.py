@@ -335,9 +335,12 @@ class Trainer(Replanning):
         return float(loss.item()) / scale
 
     def compiled(self, planned: torch.nn.Module) -> torch.nn.Module:
-        """``planned``, through ``torch.compile`` with ``--compile``: what runs the steps."""
+        """``planned``, through ``torch.compile`` with ``--compile``: what runs the steps. A
+        plan searched among compiled steps comes compiled from ``apply`` already."""
+        if not self.config.compile or self.plan.compile_fraction is not None:
+            return planned
         # torch.compile of a module returns a module (OptimizedModule); its stub says Callable.
-        return cast(torch.nn.Module, torch.compile(planned)) if self.config.compile else planned
+        return cast(torch.nn.Module, torch.compile(planned))
 
     def optimizer_step(self) -> None:
         parameters = list(self.model.parameters())

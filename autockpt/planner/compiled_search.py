@@ -1,0 +1,299 @@
+"""The fastest compiled step that fits a byte budget, found by compiling and measuring.
+
+NOTE [Compiled plans]
+``torch.compile`` does not run the step the planner measures: inductor fuses ops (saving
+11-13% of the eager peak before any budget applies), frees on its own schedule, and its
+partitioner picks what to recompute op by op, steered by one fraction,
+``activation_memory_budget``, whose peak is not monotonic in it. A plan made on eager numbers
+and then compiled does not peak where the eager prediction says (benchmarks/compile_budget.py).
+So ``plan(..., compile=True)`` predicts nothing from the eager numbers: it compiles each
+candidate and measures its real step, with the allocator's count (NOTE in
+:mod:`autockpt.planner.measure.allocator_peak`), and times it. The candidates, cheapest first:
+
+1. the plain model at inductor's default partition (1.0): taken if it fits;
+2. the plain model at compile's own fractions (:data:`FRACTIONS`);
+3. the eager planner's plan at the budget (its recompute, chunks and micro-batches, which
+   only the planner has), compiled at 1.0; where it peaks over the budget, planned again at a
+   budget lowered by the overshoot;
+4. that plan compiled at the fractions too, while compiles remain.
+
+The fastest candidate that fits wins; at most ``max_compiles`` compiles are made, and the
+plan's notes say how many and how long they took. A budget no candidate meets is refused
+with the lowest peak measured as the minimum.
+
+Every candidate runs on one deep copy of the model (its own weights and optimizer state, so
+the user's model is never written, at the cost of the model's memory a second time while
+planning). Dynamo's caches are reset before each compile: every candidate compiles the same
+``forward`` with other settings, and past ``torch._dynamo.config.cache_size_limit``
+recompiles dynamo would silently run eager. The reset drops whatever else the process had
+compiled; it compiles again on its next call.
+
+Not yet here (issue 30): torch 2.13's per-region budgets, one fraction per planner region
+separated by graph breaks; the plan uses one fraction for the whole step.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from autockpt.errors import ConfigError, InfeasibleBudgetError
+from autockpt.planner.apply import apply
+from autockpt.planner.core.units import format_bytes
+from autockpt.planner.measure.allocator_peak import allocator_peak_bytes, resident_bytes
+from autockpt.planner.measure.fake_step import default_loss, make_optimizer
+from autockpt.planner.plan_types import PeakBreakdown, Plan
+from autockpt.planner.runtime.compiled_backend import compile_in_place
+from autockpt.planner.training_step import training_step
+
+__all__ = ["FRACTIONS", "MAX_COMPILES", "Candidate", "plan_compiled"]
+
+FRACTIONS = (0.5, 0.25)
+"""Compile's activation memory budgets tried besides its default (1.0)."""
+MAX_COMPILES = 6
+"""Compiles one search makes at most (each takes seconds to minutes on a CPU)."""
+TIMED_STEPS = 3
+"""Steps timed per candidate after the one that compiles; the median counts."""
+
+EagerPlanner = Callable[[int | None], Plan]
+"""The eager planner at a budget in bytes; ``None`` plans the plain step (nothing recomputed)."""
+
+
+@dataclass
+class Candidate:
+    """One compiled step tried: an eager plan (or the plain step) at one fraction."""
+
+    plan: Plan
+    fraction: float
+    peak_bytes: int = 0
+    step_s: float = 0.0
+    compile_s: float = 0.0
+
+    @property
+    def name(self) -> str:
+        plan = self.plan
+        parts = []
+        if plan.num_recomputed:
+            parts.append(f"{plan.num_recomputed} of {len(plan.segments)} recomputed")
+        if plan.num_micro_batches > 1:
+            parts.append(f"{plan.num_micro_batches} micro-batches")
+        what = f"planned ({', '.join(parts)})" if parts else "plain"
+        return f"{what} at compile {self.fraction:g}"
+
+
+class _Runner:
+    """Compiles and measures candidates on one copy of the model."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        inputs: Sequence[torch.Tensor],
+        targets: Sequence[torch.Tensor],
+        loss_fn: Callable[..., torch.Tensor],
+        optimizer_spec: object,
+        device: torch.device,
+    ) -> None:
+        self.model = copy.deepcopy(model).train()
+        self.inputs, self.targets, self.loss_fn, self.device = inputs, targets, loss_fn, device
+        self.optimizer = make_optimizer(optimizer_spec, list(self.model.parameters()))  # type: ignore[arg-type]
+        if self.optimizer is not None:
+            # State as after an earlier step, as training holds it.
+            for parameter in self.model.parameters():
+                if parameter.requires_grad:
+                    parameter.grad = torch.zeros_like(parameter)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.compiles = 0
+        self.compile_s = 0.0
+
+    def measure(self, candidate: Candidate) -> Candidate:
+        torch._dynamo.reset()
+        runner = compile_in_place(apply(self.model, candidate.plan), candidate.fraction)
+
+        def step() -> None:
+            training_step(
+                runner,
+                candidate.plan,
+                self.inputs,
+                self.targets,
+                self.loss_fn,
+                loss_reduction="sum",
+            )
+            if self.optimizer is not None:
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+
+        started = time.perf_counter()
+        step()  # compiles
+        candidate.compile_s = time.perf_counter() - started
+        self.compiles += 1
+        self.compile_s += candidate.compile_s
+        times = []
+        for _ in range(TIMED_STEPS):
+            started = time.perf_counter()
+            step()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            times.append(time.perf_counter() - started)
+        candidate.step_s = statistics.median(times)
+        resident = resident_bytes(self.model, self.optimizer, (*self.inputs, *self.targets))
+        candidate.peak_bytes = resident + allocator_peak_bytes(step, self.device)
+        return candidate
+
+
+def _try_eager_plans(
+    eager_plan: EagerPlanner,
+    budget_bytes: int,
+    attempt: Callable[[Plan, float], Candidate | None],
+    notes: list[str],
+) -> None:
+    """Candidates 3 and 4 of NOTE [Compiled plans]: the eager plan at the budget, planned
+    again lower while its compiled step peaks over it, then at compile's fractions."""
+    target = budget_bytes
+    planned: Candidate | None = None
+    for _ in range(3):
+        try:
+            eager = eager_plan(target)
+        except InfeasibleBudgetError as error:
+            notes.append(
+                f"the eager planner refused {format_bytes(target)} (its minimum "
+                f"{format_bytes(error.minimum_bytes)})"
+            )
+            break
+        planned = attempt(eager, 1.0)
+        if planned is None or planned.peak_bytes <= budget_bytes:
+            break
+        # Compiled, the plan peaked above the budget: plan again lower by the overshoot.
+        target = int(target * budget_bytes / planned.peak_bytes) - 1
+    if planned is None or planned.peak_bytes <= budget_bytes:
+        return
+    for fraction in FRACTIONS:
+        at_fraction = attempt(planned.plan, fraction)
+        if at_fraction is None or at_fraction.peak_bytes <= budget_bytes:
+            return
+
+
+def plan_compiled(
+    model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    budget_bytes: int,
+    eager_plan: EagerPlanner,
+    *,
+    loss_fn: Callable[..., torch.Tensor] | None,
+    example_targets: Sequence[torch.Tensor],
+    optimizer: object,
+    device: torch.device,
+    max_compiles: int = MAX_COMPILES,
+) -> Plan:
+    """The fastest compiled step found that fits ``budget_bytes`` (NOTE [Compiled plans]).
+
+    Raises:
+        InfeasibleBudgetError: no candidate's measured peak fits; the minimum is the lowest.
+        ConfigError: ``max_compiles`` below 1.
+    """
+    if max_compiles < 1:
+        raise ConfigError(f"max_compiles={max_compiles} must be 1 or more")
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        # The forced plain plan warns that it is over the budget: the search knows.
+        warnings.simplefilter("ignore")
+        plain_plan = eager_plan(None)
+    runner = _Runner(
+        model, example_inputs, example_targets, loss_fn or default_loss, optimizer, device
+    )
+    tried: list[Candidate] = []
+    notes: list[str] = []
+
+    def attempt(plan: Plan, fraction: float) -> Candidate | None:
+        if runner.compiles >= max_compiles:
+            return None
+        candidate = runner.measure(Candidate(plan, fraction))
+        tried.append(candidate)
+        return candidate
+
+    def fitting() -> list[Candidate]:
+        return [c for c in tried if c.peak_bytes <= budget_bytes]
+
+    plain = attempt(plain_plan, 1.0)
+    assert plain is not None
+    if not fitting():
+        for fraction in FRACTIONS:
+            attempt(plain_plan, fraction)
+        _try_eager_plans(eager_plan, budget_bytes, attempt, notes)
+    search_s = time.perf_counter() - started
+    lines = [
+        f"{c.name}: {format_bytes(c.peak_bytes)} by the allocator, "
+        f"{c.step_s * 1e3:.1f} ms a step ({c.step_s / plain.step_s:.2f}x plain compiled), "
+        f"compiled in {c.compile_s:.1f} s"
+        for c in tried
+    ]
+    notes.append(
+        f"compiled search: {runner.compiles} compiles in {runner.compile_s:.1f} s "
+        f"({search_s:.1f} s in all): " + "; ".join(lines)
+    )
+    torch._dynamo.reset()
+    fits = fitting()
+    if not fits:
+        lowest = min(c.peak_bytes for c in tried)
+        raise InfeasibleBudgetError(
+            f"budget {format_bytes(budget_bytes)} is below every compiled step tried "
+            f"({len(tried)}, the lowest peaked at {format_bytes(lowest)} by the allocator); "
+            f"give at least {format_bytes(lowest)}, a smaller batch, or plan without compile",
+            budget_bytes=budget_bytes,
+            minimum_bytes=lowest,
+        )
+    chosen = min(fits, key=lambda c: c.step_s)
+    return _compiled_plan(chosen, plain, tried, plain_plan, search_s, notes)
+
+
+def _compiled_plan(
+    chosen: Candidate,
+    plain: Candidate,
+    tried: list[Candidate],
+    plain_plan: Plan,
+    search_s: float,
+    notes: list[str],
+) -> Plan:
+    """The chosen candidate's eager plan with the compiled step's measured figures."""
+    base = chosen.plan
+    breakdown = base.breakdown
+    held = (
+        breakdown.parameters_bytes
+        + breakdown.gradients_bytes
+        + breakdown.optimizer_state_bytes
+        + breakdown.inputs_bytes
+    )
+    return base.model_copy(
+        update={
+            "budget_bytes": plain_plan.budget_bytes,
+            "budget_text": plain_plan.budget_text,
+            "budget_reading": plain_plan.budget_reading,
+            "compile_fraction": chosen.fraction,
+            "predicted_peak_bytes": chosen.peak_bytes,
+            "unplanned_peak_bytes": plain.peak_bytes,
+            "minimum_feasible_bytes": min(c.peak_bytes for c in tried),
+            "predicted_extra_s": chosen.step_s - plain.step_s,
+            "unplanned_step_s": plain.step_s,
+            "fits": True,
+            "planning_s": base.planning_s + search_s,
+            # The eager breakdown's parts the step holds from the start, and the rest of the
+            # measured compiled peak as activations: inductor's buffers are not attributed.
+            "breakdown": PeakBreakdown(
+                **{
+                    **breakdown.model_dump(),
+                    "activations_bytes": max(chosen.peak_bytes - held, 0),
+                    "transient_bytes": 0,
+                    "context_bytes": 0,
+                    "headroom_bytes": 0,
+                }
+            ),
+            "timeline": None,
+            "notes": [f"chosen: {chosen.name}", *notes, *base.notes],
+        }
+    )

@@ -1,0 +1,75 @@
+"""The peak of one real step, counted by the allocator: what a compiled step holds.
+
+Inductor's kernels allocate their buffers below the dispatcher, where the planner's tracker
+cannot see them; the allocator sees every byte. On the CPU the profiler's memory events come
+from it; on CUDA its own statistics do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+__all__ = ["AllocatorPeak", "allocator_count", "allocator_peak_bytes", "resident_bytes"]
+
+
+class AllocatorPeak:
+    """What :func:`allocator_count` counted: ``peak_bytes`` once its block has ended."""
+
+    peak_bytes: int = 0
+
+
+@contextmanager
+def allocator_count(device: torch.device) -> Iterator[AllocatorPeak]:
+    """Count the most bytes the block holds at once above what was allocated when it began."""
+    reading = AllocatorPeak()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        yield reading
+        torch.cuda.synchronize(device)
+        reading.peak_bytes = int(torch.cuda.max_memory_allocated(device)) - start
+        return
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        yield reading
+    events = profiler.profiler.kineto_results.events()  # type: ignore[union-attr]
+    memory = sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    live = peak = 0
+    for event in memory:
+        live += event.nbytes()  # negative for a free
+        peak = max(peak, live)
+    reading.peak_bytes = peak
+
+
+def allocator_peak_bytes(step: Callable[[], None], device: torch.device) -> int:
+    """The most bytes ``step`` holds at once above what was allocated when it started."""
+    with allocator_count(device) as reading:
+        step()
+    return reading.peak_bytes
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+def resident_bytes(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, batch: Iterable[Any]
+) -> int:
+    """Bytes alive before a step that the step needs: weights, buffers, optimizer state and
+    the batch, each storage once (the budget counts everything the step holds)."""
+    state = [] if optimizer is None else list(optimizer.state.values())
+    tensors = [*model.parameters(), *model.buffers(), *_tensors(state), *_tensors(list(batch))]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
