@@ -47,7 +47,7 @@ from autockpt.errors import ConfigError, InfeasibleBudgetError
 from autockpt.planner.apply import apply
 from autockpt.planner.core.units import format_bytes
 from autockpt.planner.measure.allocator_peak import allocator_peak_bytes, resident_bytes
-from autockpt.planner.measure.fake_step import default_loss, make_optimizer
+from autockpt.planner.measure.fake_step import default_loss, give_state, make_optimizer
 from autockpt.planner.plan_types import PeakBreakdown, Plan
 from autockpt.planner.runtime.compiled_backend import compile_in_place
 from autockpt.planner.training_step import training_step
@@ -103,12 +103,7 @@ class _Runner:
         self.inputs, self.targets, self.loss_fn, self.device = inputs, targets, loss_fn, device
         self.optimizer = make_optimizer(optimizer_spec, list(self.model.parameters()))  # type: ignore[arg-type]
         if self.optimizer is not None:
-            # State as after an earlier step, as training holds it.
-            for parameter in self.model.parameters():
-                if parameter.requires_grad:
-                    parameter.grad = torch.zeros_like(parameter)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            give_state(self.optimizer, list(self.model.parameters()))
         self.compiles = 0
         self.compile_s = 0.0
 

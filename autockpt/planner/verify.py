@@ -17,7 +17,7 @@ import torch
 from autockpt.planner.apply import apply
 from autockpt.planner.core.memory_tracker import MemoryTracker, tensors_of
 from autockpt.planner.core.train_eval import training_mode
-from autockpt.planner.measure.fake_step import default_loss, make_optimizer
+from autockpt.planner.measure.fake_step import default_loss, give_state, make_optimizer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.plan_types import Plan
 from autockpt.planner.training_step import training_step
@@ -111,12 +111,7 @@ def _measure(
     for parameter in model.parameters():
         parameter.grad = None
     if optimizer is not None:
-        # State as after an earlier step, as the plan assumes.
-        for parameter in model.parameters():
-            if parameter.requires_grad:
-                parameter.grad = torch.zeros_like(parameter)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        give_state(optimizer, list(model.parameters()))  # as the plan assumes
     planned = apply(model, plan)
 
     def step() -> None:

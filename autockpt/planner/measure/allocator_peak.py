@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from autockpt.planner.core.memory_tracker import flat_tensors, tensors_of
+
 __all__ = ["AllocatorPeak", "allocator_count", "allocator_peak_bytes", "resident_bytes"]
 
 
@@ -53,23 +55,12 @@ def allocator_peak_bytes(step: Callable[[], None], device: torch.device) -> int:
     return reading.peak_bytes
 
 
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-
-
 def resident_bytes(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, batch: Iterable[Any]
 ) -> int:
-    """Bytes alive before a step that the step needs: weights, buffers, optimizer state and
-    the batch, each storage once (the budget counts everything the step holds)."""
-    state = [] if optimizer is None else list(optimizer.state.values())
-    tensors = [*model.parameters(), *model.buffers(), *_tensors(state), *_tensors(list(batch))]
+    """Bytes alive before a step that the step needs: weights (and any gradients still held),
+    buffers, optimizer state and the batch, each storage once (the budget counts everything
+    the step holds)."""
+    tensors = [*tensors_of(model, optimizer), *flat_tensors(list(batch))]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(storages.values())

@@ -84,6 +84,16 @@ def make_optimizer(
     raise ValueError(f"optimizer {spec!r} is not one of 'adamw', 'sgd', None or an instance")
 
 
+def give_state(optimizer: torch.optim.Optimizer, parameters: Sequence[torch.nn.Parameter]) -> None:
+    """Make ``optimizer``'s state as an earlier step leaves it (what training holds), from
+    zero gradients; the gradients are then set to None."""
+    for parameter in parameters:
+        if parameter.requires_grad:
+            parameter.grad = torch.zeros_like(parameter)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def _same_kind(
     optimizer: torch.optim.Optimizer, parameters: Sequence[torch.nn.Parameter]
 ) -> torch.optim.Optimizer:
