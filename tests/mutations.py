@@ -465,6 +465,22 @@ MUTATIONS = (
         ("tests/tft/test_synthetic.py",),
     ),
     Mutation(
+        "stream-no-carry",
+        "a chunk of a streamed file forgets each symbol's last bar, so its first row is dropped",
+        "tft/file_scan.py",
+        "        carried = [code for code in np.unique(codes).tolist() if code in self.carry]",
+        "        carried = []",
+        ("tests/tft/test_streamed_windows.py",),
+    ),
+    Mutation(
+        "mapped-pages-kept",
+        "a mapped row cache never drops the pages it read, so an epoch maps the whole file",
+        "tft/rows.py",
+        "        if self.read_bytes >= self.limit_bytes:",
+        "        if False:",
+        ("tests/tft/test_streamed_windows.py",),
+    ),
+    Mutation(
         "compiled-fit-unchecked",
         "the compiled search takes the fastest compiled step whether or not it fits the budget",
         "autockpt/planner/compiled_search.py",

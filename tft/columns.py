@@ -335,15 +335,20 @@ def _symbol_codes(
         raise _error(path, f"symbol column '{name}' is empty at row {row}; fill it or drop it")
     present = sorted(pc.unique(column).to_pylist())
     symbols = present if known_symbols is None else known_symbols
-    unknown = [symbol for symbol in present if symbol not in symbols]
+    check_symbols_known(path, name, present, symbols)
+    codes = pc.index_in(column, value_set=pa.array(symbols, type=pa.string()))
+    return codes.to_numpy().astype(np.int64), symbols
+
+
+def check_symbols_known(path: Path, name: str | None, present: list[str], known: list[str]) -> None:
+    """Raise naming the first symbol of ``present`` the training data (``known``) lacked."""
+    unknown = [symbol for symbol in present if symbol not in known]
     if unknown:
         raise _error(
             path,
             f"symbol '{unknown[0]}' in column '{name}' was not in the training data "
-            f"(which had {', '.join(symbols)}); keep only those symbols",
+            f"(which had {', '.join(known)}); keep only those symbols",
         )
-    codes = pc.index_in(column, value_set=pa.array(symbols, type=pa.string()))
-    return codes.to_numpy().astype(np.int64), symbols
 
 
 def _check_order(

@@ -60,7 +60,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from autockpt.errors import ConfigError, DataError
+from autockpt.errors import ConfigError
 from tft.categories import category_text, constant_within_groups
 from tft.column_table import CALENDAR_INPUTS, ColumnUse, column_table
 from tft.columns import (
@@ -79,6 +79,7 @@ from tft.columns import (
 )
 from tft.normalize import Normalizer, _transform_target
 from tft.rows import InputEncoder, Rows
+from tft.splits import split_cuts, split_labels, split_windows, too_short, window_starts
 
 __all__ = [
     "CALENDAR_COLUMNS",
@@ -91,8 +92,6 @@ __all__ = [
 
 CALENDAR_COLUMNS = CALENDAR_INPUTS
 """Known features derived from the timestamp (UTC), always the last known columns."""
-
-_SPLIT_NAMES = ("train", "validation", "test")
 
 
 class Batch(NamedTuple):
@@ -150,7 +149,10 @@ class WindowDataset:
         """Every window's normalised targets ``(N, H)`` and symbol index ``(N,)``, without
         gathering its inputs."""
         decoder_rows = self._starts[:, None] + self._decoder_offsets
-        return self._rows.target[decoder_rows], self._rows.symbol_index[self._starts]
+        targets = self._rows.target[decoder_rows], self._rows.symbol_index[self._starts]
+        if self._rows.pages is not None:
+            self._rows.pages.release()
+        return targets
 
     def batch(self, indices: np.ndarray | Sequence[int]) -> Batch:
         """Gather the windows at ``indices`` (positions in this dataset) into tensors."""
@@ -163,7 +165,7 @@ class WindowDataset:
         known_categorical = rows.categorical[
             :, rows.categorical.shape[1] - rows.num_known_categorical :
         ]
-        return Batch(
+        batch = Batch(
             static_ids=torch.cat(
                 [symbol_index[:, None], torch.from_numpy(rows.static[starts])], dim=1
             ),
@@ -176,6 +178,8 @@ class WindowDataset:
             decoder_time_ns=torch.from_numpy(rows.time_ns[decoder_rows]),
             symbol_index=symbol_index,
         )
+        rows.note_read(len(starts) * (self.encoder_length + self.horizon), len(starts))
+        return batch
 
 
 @dataclass(frozen=True)
@@ -228,9 +232,19 @@ class WindowedData:
 
 
 def iterate_batches(
-    dataset: WindowDataset, batch_size: int, *, shuffle: bool, seed: int, drop_last: bool
+    dataset: WindowDataset,
+    batch_size: int,
+    *,
+    shuffle: bool,
+    seed: int,
+    drop_last: bool,
+    share: tuple[int, int] = (0, 1),
 ) -> Iterator[Batch]:
     """Yield batches of ``dataset``, in order or in a permutation fixed by ``seed``.
+
+    ``share=(rank, num_ranks)`` gathers only that rank's contiguous share of each batch (the
+    windows ``batch_size * rank // num_ranks`` up to the next rank's), so that a rank reads only
+    its own windows.
 
     Raises:
         ConfigError: batch_size < 1.
@@ -241,11 +255,14 @@ def iterate_batches(
     if shuffle:
         order = np.random.default_rng(seed).permutation(order)
     stop = len(order) - len(order) % batch_size if drop_last else len(order)
+    rank, num_ranks = share
     for begin in range(0, stop, batch_size):
-        yield dataset.batch(order[begin : begin + batch_size])
+        indices = order[begin : begin + batch_size]
+        size = len(indices)
+        yield dataset.batch(indices[size * rank // num_ranks : size * (rank + 1) // num_ranks])
 
 
-# ---------------------------------------------------------------------------- splitting
+# ---------------------------------------------------------------------------- checks
 
 
 def _check_options(
@@ -267,45 +284,6 @@ def _check_options(
             f"split_fractions={split_fractions!r} must be three numbers >= 0 (train > 0) that "
             "add up to 1; pass e.g. (0.7, 0.15, 0.15)"
         )
-
-
-def _split_labels(time_ns: np.ndarray, fractions: Sequence[float]) -> np.ndarray:
-    """0/1/2 (train/validation/test) per row, from global cut points on the distinct times."""
-    distinct = np.unique(time_ns)
-    cuts = []
-    for fraction in (fractions[0], fractions[0] + fractions[1]):
-        index = round(fraction * len(distinct))
-        cuts.append(distinct[index] if index < len(distinct) else np.iinfo(np.int64).max)
-    return (time_ns >= cuts[0]).astype(np.int8) + (time_ns >= cuts[1]).astype(np.int8)
-
-
-def _window_starts(
-    labels: np.ndarray, symbol_bounds: np.ndarray, label: int, length: int
-) -> tuple[np.ndarray, int]:
-    """(start rows of windows of ``length`` rows wholly inside ``label``, longest run of rows)."""
-    pieces = [np.empty(0, dtype=np.int64)]
-    longest = 0
-    for begin, end in zip(symbol_bounds[:-1], symbol_bounds[1:], strict=True):
-        # Labels rise with time within a symbol, so each label is one run of rows.
-        first = begin + int(np.searchsorted(labels[begin:end], label, side="left"))
-        stop = begin + int(np.searchsorted(labels[begin:end], label, side="right"))
-        longest = max(longest, stop - first)
-        pieces.append(np.arange(first, stop - length + 1, dtype=np.int64))
-    return np.concatenate(pieces), longest
-
-
-def _too_short(
-    path: Path, split: str | None, longest: int, encoder_length: int, horizon: int
-) -> DataError:
-    where = "the file" if split is None else f"the {split} split"
-    way_out = "" if split is None else f", give the {split} split a larger fraction"
-    return _error(
-        path,
-        f"{where} has no full window: one needs {encoder_length + horizon} consecutive rows of "
-        f"one symbol (encoder length {encoder_length} + horizon {horizon}) but the longest run "
-        f"there has {longest}; lower the encoder length or the horizon{way_out} or use a longer "
-        "file",
-    )
 
 
 # ---------------------------------------------------------------------------- public API
@@ -381,35 +359,46 @@ def load_windows(
     time_ns, codes, file_rows = time_ns[keep], codes[keep], file_rows[keep]
     symbol_bounds = np.searchsorted(codes, np.arange(len(symbols) + 1))
 
-    length = encoder_length + horizon
-    whole, longest = _window_starts(np.zeros(len(codes), np.int8), symbol_bounds, 0, length)
+    window = (encoder_length, horizon)
+    whole, longest = window_starts(np.zeros(len(codes), np.int8), symbol_bounds, 0, sum(window))
     if len(whole) == 0:
-        raise _too_short(path, None, longest, encoder_length, horizon)
+        raise too_short(path, None, longest, encoder_length, horizon)
     if split_fractions is None:
         labels = np.zeros(len(codes), dtype=np.int8)
         split_starts = [np.empty(0, dtype=np.int64)] * 3
     else:
-        labels = _split_labels(time_ns, split_fractions)
-        split_starts = []
-        for label, (name, fraction) in enumerate(zip(_SPLIT_NAMES, split_fractions, strict=True)):
-            starts, longest = _window_starts(labels, symbol_bounds, label, length)
-            if len(starts) == 0 and fraction > 0:
-                raise _too_short(path, name, longest, encoder_length, horizon)
-            split_starts.append(starts)
+        labels = split_labels(time_ns, split_cuts(np.unique(time_ns), split_fractions))
+        split_starts = split_windows(path, labels, symbol_bounds, split_fractions, window)
 
     encoded = InputEncoder(path, table, roles, symbols, (file_rows, codes, labels == 0))
     rows, normalizer, unknown_rows = encoded.encode(target, time_ns, normalizer)
 
-    def dataset(starts: np.ndarray) -> WindowDataset:
-        return WindowDataset(rows, starts, encoder_length=encoder_length, horizon=horizon)
+    return windowed_data(rows, [*split_starts, whole], normalizer, schema, unknown_rows, window)
 
+
+def windowed_data(
+    rows: Rows,
+    starts: list[np.ndarray],
+    normalizer: Normalizer,
+    schema: pa.Schema,
+    unknown_rows: dict[str, int],
+    window: tuple[int, int],
+) -> WindowedData:
+    """The windows of a file from its rows and the start rows of train, validation, test and
+    the whole file; ``window`` is (encoder length, horizon)."""
+    encoder_length, horizon = window
+    roles = normalizer.roles
+    train, validation, test, whole = (
+        WindowDataset(rows, first, encoder_length=encoder_length, horizon=horizon)
+        for first in starts
+    )
     return WindowedData(
-        train=dataset(split_starts[0]),
-        validation=dataset(split_starts[1]),
-        test=dataset(split_starts[2]),
-        whole=dataset(whole),
+        train=train,
+        validation=validation,
+        test=test,
+        whole=whole,
         normalizer=normalizer,
-        symbols=symbols,
+        symbols=normalizer.symbols,
         observed_columns=[target_input_name(roles), *roles.real_columns(roles.observed or [])],
         known_columns=[*roles.real_columns(roles.known), *CALENDAR_COLUMNS],
         encoder_length=encoder_length,

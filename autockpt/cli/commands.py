@@ -228,6 +228,7 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
         args.output,
         device=args.device or "auto",
         batch_size=args.batch_size,
+        max_host_memory=args.max_host_memory,
     )
     console.print(
         f"wrote {result.num_rows:,} forecasts ({result.num_windows:,} windows x horizon "

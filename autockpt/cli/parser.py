@@ -54,6 +54,8 @@ CONFIG_KEYS = (
     "categorical_columns",
     "ignore_columns",
     "scaling",
+    "max_host_memory",
+    "data_cache",
     "quiet",
     "strategy",
     "epochs",
@@ -179,6 +181,19 @@ def _add_model_options(parser: argparse.ArgumentParser, *, data: bool = True) ->
         choices=("per_symbol", "global"),
         help="scale the target and real inputs per symbol (default) or over all symbols",
     )
+    roles.add_argument(
+        "--max-host-memory",
+        metavar="SIZE",
+        help="host memory the data may hold (default: 1GB); a file whose rows need more is "
+        "read in chunks into a row cache on disk and streamed from it",
+    )
+    roles.add_argument(
+        "--data-cache",
+        type=Path,
+        metavar="DIR",
+        help="row cache folder: stream the file through it whatever its size (default: "
+        "data-cache/ beside the run folders, for a file too large for --max-host-memory)",
+    )
     parser.add_argument(
         "--quiet",
         action="store_const",
@@ -266,6 +281,11 @@ def _predict_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", type=Path, required=True, help="Parquet file to write")
     parser.add_argument("--device", help="cpu, cuda or auto (default: auto)")
     parser.add_argument("--batch-size", type=int, help="windows per forward (default: 256)")
+    parser.add_argument(
+        "--max-host-memory",
+        metavar="SIZE",
+        help="host memory the data and forecasts may hold (default: the run's, 1GB unless set)",
+    )
 
 
 def _interpret_arguments(parser: argparse.ArgumentParser) -> None:

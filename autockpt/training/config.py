@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from autockpt.errors import AutockptError, ConfigError
+from autockpt.errors import AutockptError, BudgetError, ConfigError
 
 Device = Literal["cpu", "cuda", "auto"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -108,6 +108,12 @@ class TrainConfig(BaseModel):
     cpu_threads: int | None = None
     """torch threads of a CPU run, a whole number >= 1; unset: 1 for a small step, else torch's
     default (NOTE [Tuning the host process] in autockpt/training/host_tuning.py)."""
+    max_host_memory: str = "1GB"
+    """host memory the data may hold, such as 1GB or 800MB: a file whose rows need more is
+    read in chunks into a row cache on disk and mapped from there (NOTE [Row cache])."""
+    data_cache: Path | None = None
+    """folder of the row cache of a file too large for max_host_memory; unset means
+    data-cache/<file name>-<hash> beside the run folder."""
     strategy: Strategy | None = None
     """how several torchrun ranks share the model: ddp (each holds all of it; the default)
     or fsdp (parameters, gradients and optimizer state split over the ranks)."""
@@ -174,6 +180,19 @@ class TrainConfig(BaseModel):
             from autockpt.planner.core.units import parse_budget
 
             parse_budget(value)
+        return value
+
+    @field_validator("max_host_memory")
+    @classmethod
+    def _readable_size(cls, value: str) -> str:
+        from autockpt.planner.core.units import parse_budget
+
+        try:
+            if value.strip().lower() == "auto":
+                raise BudgetError("auto is for the device")
+            parse_budget(value)
+        except BudgetError:
+            raise ValueError("is not a size; write it like 1GB, 800MB or 2GiB") from None
         return value
 
     @field_validator(

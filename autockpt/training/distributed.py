@@ -192,6 +192,32 @@ def agree_on_plan(world: World, make_plan: Callable[[], Plan]) -> Plan:
     return Plan.model_validate_json(text)
 
 
+def main_first(world: World, work: Callable[[], _T]) -> _T:
+    """Run ``work`` on rank 0, then on the other ranks once rank 0 has finished it.
+
+    For work whose first run writes what later runs reuse (the row cache of a streamed file,
+    NOTE [Row cache] in tft/row_cache.py): the ranks do not build it side by side.
+
+    Raises:
+        AutockptError: on rank 0, what ``work`` raised; on the others, :class:`OtherRankError`
+            with its message (so no rank waits for work that will not finish).
+    """
+    if not world.is_distributed:
+        return work()
+    if world.is_main:
+        try:
+            result = work()
+        except AutockptError as error:
+            world.all_gather(str(error))
+            raise
+        world.all_gather(None)
+        return result
+    failures = [text for text in world.all_gather(None) if text is not None]
+    if failures:
+        raise OtherRankError(f"rank 0 could not read the data: {failures[0]}")
+    return work()
+
+
 def plan_digest(plan: Plan) -> str:
     """A short fingerprint of a plan (the first 16 hex digits of the SHA-256 of its JSON)."""
     return hashlib.sha256(plan.model_dump_json().encode()).hexdigest()[:16]

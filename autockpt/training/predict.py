@@ -12,6 +12,7 @@ unknown category (a JSON object).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,16 +23,21 @@ import torch
 
 from autockpt.errors import RunError
 from autockpt.training.baselines import NaiveForecasts
+from autockpt.training.data_source import read_windows
 from autockpt.training.evaluate import Evaluation, ForecastScores
 from autockpt.training.runs import BEST_FILE, NAIVE_FILE, RunFolder, write_atomic
 from autockpt.training.settings import resolve_device
 from tft.config import TFTConfig
-from tft.data import WindowedData, iterate_batches, load_windows
+from tft.data import WindowDataset, WindowedData, iterate_batches
 from tft.loss import QuantileLoss
 from tft.model import TemporalFusionTransformer
 from tft.normalize import Normalizer
 
 DEFAULT_BATCH_SIZE = 256
+DEFAULT_MAX_HOST_MEMORY = "1GB"
+"""A run's ``max_host_memory`` when its config predates the setting."""
+ROW_GROUP_WINDOWS = 16_384
+"""Windows of forecasts per row group written (NOTE [Forecasts in row groups])."""
 
 
 @dataclass(frozen=True)
@@ -68,17 +74,35 @@ class TrainedOnFile:
     """Every window of the file (``windows.whole``), no split."""
 
     @classmethod
-    def load(cls, run_dir: str | Path, data: str | Path, device: str) -> TrainedOnFile:
-        """Raises RunError, DataError or DeviceError as :func:`predict` documents."""
+    def load(
+        cls,
+        run_dir: str | Path,
+        data: str | Path,
+        device: str,
+        *,
+        max_host_memory: str | None = None,
+    ) -> TrainedOnFile:
+        """Raises RunError, DataError or DeviceError as :func:`predict` documents.
+
+        A file too large for ``max_host_memory`` (unset: the run's setting) is streamed from
+        a row cache beside the run folder (NOTE [Row cache] in :mod:`tft.row_cache`).
+        """
         run = RunFolder.open(run_dir, need=(BEST_FILE,))
         resolved = resolve_device(device)
         model, config, normalizer = load_trained_model(run, resolved)
-        windows = load_windows(
-            data,
+        if max_host_memory is None:
+            saved = run.read_config().get("max_host_memory")
+            max_host_memory = saved if isinstance(saved, str) else DEFAULT_MAX_HOST_MEMORY
+        windows, _ = read_windows(
+            Path(data),
+            roles=None,
             encoder_length=config.encoder_length,
             horizon=config.horizon,
             split_fractions=None,
             normalizer=normalizer,
+            max_host_memory=max_host_memory,
+            cache=None,
+            runs_root=run.path.parent,
         )
         return cls(run, resolved, model, config, normalizer, windows)
 
@@ -113,6 +137,7 @@ def predict(
     *,
     device: str = "auto",
     batch_size: int | None = None,
+    max_host_memory: str | None = None,
 ) -> PredictionResult:
     """Forecast every window of ``data`` with the run's best model and write Parquet atomically.
 
@@ -122,6 +147,9 @@ def predict(
         output: the Parquet file to write (replaced atomically if it exists).
         device: cpu, cuda or auto.
         batch_size: windows per forward pass.
+        max_host_memory: the host memory the data may hold (unset: the run's setting); a
+            larger file is streamed from a row cache, and the forecasts are written a row
+            group at a time whatever the file's size.
 
     Returns:
         The path and the number of rows and windows written.
@@ -134,52 +162,114 @@ def predict(
     Example:
         >>> predict("runs/es", "bars.parquet", "forecasts.parquet").num_rows
     """
-    trained = TrainedOnFile.load(run_dir, data, device)
+    trained = TrainedOnFile.load(run_dir, data, device, max_host_memory=max_host_memory)
     run, resolved, model, config = trained.run, trained.device, trained.model, trained.config
     normalizer, loaded = trained.normalizer, trained.windows
     windows = loaded.whole
-
-    forecasts, actuals, times, symbols = [], [], [], []
-    scoring = _scores_of(run, config, normalizer, windows.horizon)
-    with torch.no_grad():
-        for batch in iterate_batches(
-            windows, batch_size or DEFAULT_BATCH_SIZE, shuffle=False, seed=0, drop_last=False
-        ):
-            inputs = tuple(t.to(resolved) for t in batch.inputs())
-            prediction = model(*inputs).float().cpu()  # (B, H, Q)
-            if scoring is not None:
-                scoring.add(prediction, batch)
-            symbol_index = batch.symbol_index.numpy()
-            forecasts.append(normalizer.denormalize_target(prediction.numpy(), symbol_index))
-            actuals.append(normalizer.denormalize_target(batch.target.numpy(), symbol_index))
-            times.append(batch.decoder_time_ns.numpy())  # (B, H)
-            symbols.append(symbol_index)  # (B,)
-
     unknown_rows = {
         column.name: column.unknown_rows
         for column in loaded.columns
         if column.unknown_rows is not None
     }
-    table = _forecast_table(
-        np.concatenate(forecasts),
-        np.concatenate(actuals),
-        np.concatenate(times),
-        np.concatenate(symbols),
-        normalizer,
-        config.quantiles,
-    )
-    metadata = {**(table.schema.metadata or {}), b"unknown_rows": json.dumps(unknown_rows)}
-    table = table.replace_schema_metadata(metadata)
+    scoring = _scores_of(run, config, normalizer, windows.horizon)
     target = Path(output)
-    write_atomic(target, lambda temporary: pq.write_table(table, temporary))
+    num_rows = 0
+
+    def write(temporary: Path) -> None:
+        # NOTE [Forecasts in row groups]: each batch's forecasts go to the file as they are
+        # made (a row group per ROW_GROUP_WINDOWS windows), so a file larger than memory
+        # predicts in the memory of a few batches; the writer's schema carries the metadata.
+        nonlocal num_rows
+        writer: pq.ParquetWriter | None = None
+        pending: list[pa.Table] = []
+        pending_windows = 0
+        try:
+            for table in _forecast_tables(
+                model,
+                resolved,
+                windows,
+                normalizer,
+                config,
+                scoring,
+                batch_size or DEFAULT_BATCH_SIZE,
+            ):
+                metadata = {
+                    **(table.schema.metadata or {}),
+                    b"unknown_rows": json.dumps(unknown_rows),
+                }
+                table = table.replace_schema_metadata(metadata)
+                pending.append(table)
+                pending_windows += table.num_rows // config.horizon
+                num_rows += table.num_rows
+                if pending_windows >= ROW_GROUP_WINDOWS:
+                    writer = writer or pq.ParquetWriter(temporary, table.schema)
+                    writer.write_table(pa.concat_tables(pending))
+                    pending, pending_windows = [], 0
+            if pending or writer is None:
+                last = (
+                    pa.concat_tables(pending)
+                    if pending
+                    else _empty_table(normalizer, config, unknown_rows)
+                )
+                writer = writer or pq.ParquetWriter(temporary, last.schema)
+                writer.write_table(last)
+        finally:
+            if writer is not None:
+                writer.close()
+
+    write_atomic(target, write)
     return PredictionResult(
         path=target,
-        num_rows=table.num_rows,
+        num_rows=num_rows,
         num_windows=len(windows),
         horizon=config.horizon,
         unknown_rows=unknown_rows,
         evaluation=scoring.evaluation() if scoring is not None and len(windows) else None,
     )
+
+
+def _forecast_tables(
+    model: TemporalFusionTransformer,
+    device: torch.device,
+    windows: WindowDataset,
+    normalizer: Normalizer,
+    config: TFTConfig,
+    scoring: ForecastScores | None,
+    batch_size: int,
+) -> Iterator[pa.Table]:
+    """Each batch's forecasts as a table of output rows, scored on the way when ``scoring``."""
+    with torch.no_grad():
+        for batch in iterate_batches(windows, batch_size, shuffle=False, seed=0, drop_last=False):
+            inputs = tuple(t.to(device) for t in batch.inputs())
+            prediction = model(*inputs).float().cpu()  # (B, H, Q)
+            if scoring is not None:
+                scoring.add(prediction, batch)
+            symbol_index = batch.symbol_index.numpy()
+            yield _forecast_table(
+                normalizer.denormalize_target(prediction.numpy(), symbol_index),
+                normalizer.denormalize_target(batch.target.numpy(), symbol_index),
+                batch.decoder_time_ns.numpy(),  # (B, H)
+                symbol_index,  # (B,)
+                normalizer,
+                config.quantiles,
+            )
+
+
+def _empty_table(
+    normalizer: Normalizer, config: TFTConfig, unknown_rows: dict[str, int]
+) -> pa.Table:
+    """The output of a file with no window: the columns, no rows."""
+    horizon, quantiles = config.horizon, config.quantiles
+    table = _forecast_table(
+        np.zeros((0, horizon, len(quantiles))),
+        np.zeros((0, horizon)),
+        np.zeros((0, horizon), dtype=np.int64),
+        np.zeros(0, dtype=np.int64),
+        normalizer,
+        quantiles,
+    )
+    metadata = {**(table.schema.metadata or {}), b"unknown_rows": json.dumps(unknown_rows)}
+    return table.replace_schema_metadata(metadata)
 
 
 def _scores_of(

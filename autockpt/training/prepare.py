@@ -2,8 +2,9 @@
 
 :func:`prepare` resolves the device and precision, reads the budget, loads the data windows,
 builds the TFT from the preset and the data's dimensions, and plans its training step. It writes
-nothing, so the ``plan`` command stops here and a bad input leaves no trace; ``train`` goes on
-to :mod:`autockpt.training.train`.
+nothing but the row cache of a file too large for memory (NOTE [Row cache], written whole or
+not at all), so the ``plan`` command stops here and a bad input leaves no trace; ``train`` goes
+on to :mod:`autockpt.training.train`.
 """
 
 from __future__ import annotations
@@ -23,13 +24,21 @@ from autockpt.planner.measure.sharding import Parallelism
 from autockpt.planner.plan_types import Plan
 from autockpt.training.baselines import NaiveForecasts
 from autockpt.training.config import TrainConfig
-from autockpt.training.distributed import SINGLE_PROCESS, World, agree_on_plan, resolve_parallelism
+from autockpt.training.data_source import read_windows
+from autockpt.training.distributed import (
+    SINGLE_PROCESS,
+    World,
+    agree_on_plan,
+    main_first,
+    resolve_parallelism,
+)
 from autockpt.training.host_tuning import HostTuning
 from autockpt.training.host_tuning import tune_host as tune_process
 from autockpt.training.planning import make_plan
 from autockpt.training.settings import (
     QuantileLoss,
     column_roles,
+    default_run_dir,
     resolve_budget,
     resolve_data_path,
     resolve_device,
@@ -37,7 +46,7 @@ from autockpt.training.settings import (
     seed_everything,
 )
 from tft.config import TFTConfig, get_preset
-from tft.data import WindowedData, load_windows
+from tft.data import WindowedData
 from tft.model import TemporalFusionTransformer
 from tft.normalize import Normalizer
 
@@ -123,12 +132,18 @@ def prepare(
     budget = resolve_budget(config.vram_budget, device)
     data_path, note = resolve_data_path(config)
     preset = get_preset(config.preset)
-    data = load_windows(
-        data_path,
-        roles=column_roles(config) if normalizer is None else None,
-        encoder_length=config.encoder_length or preset.encoder_length,
-        horizon=config.horizon or preset.horizon,
-        normalizer=normalizer,
+    data, streamed = main_first(
+        world,
+        lambda: read_windows(
+            data_path,
+            roles=column_roles(config) if normalizer is None else None,
+            encoder_length=config.encoder_length or preset.encoder_length,
+            horizon=config.horizon or preset.horizon,
+            normalizer=normalizer,
+            max_host_memory=config.max_host_memory,
+            cache=config.data_cache,
+            runs_root=(config.out or default_run_dir(config)).parent,
+        ),
     )
     model_config = preset.with_overrides(
         num_observed=data.num_observed,
@@ -201,7 +216,7 @@ def prepare(
         loss_fn=loss_fn,
         example_inputs=example_inputs,
         example_targets=example_targets,
-        notes=(note,) if note else (),
+        notes=tuple(text for text in (note, streamed) if text),
         world=world,
         parallelism=parallelism,
         host_tuning=host_tuning,

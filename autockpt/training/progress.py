@@ -213,4 +213,9 @@ class RichReporter:
             )
             table.add_row("within budget", "[green]yes[/green]" if within else "[red]no[/red]")
         table.add_row("mean step time", f"{summary['mean_step_s'] * 1000:.1f} ms")
+        if "data_wait_share" in summary:
+            table.add_row(
+                "waiting for data",
+                f"{summary['data_wait_s']:.2f} s ({summary['data_wait_share']:.1%} of step time)",
+            )
         self._console.print(table)

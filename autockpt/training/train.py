@@ -18,7 +18,6 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
-from itertools import islice
 from typing import Any, cast
 
 import torch
@@ -36,9 +35,10 @@ from autockpt.training.checkpoint import (
     restored_run_state,
     resume_checkpoint,
 )
-from autockpt.training.distributed import rank_slice, wrap
+from autockpt.training.distributed import wrap
 from autockpt.training.evaluate import evaluate
 from autockpt.training.host_tuning import tune_host
+from autockpt.training.prefetch import Prefetch
 from autockpt.training.prepare import Setup, autocast
 from autockpt.training.progress import Reporter
 from autockpt.training.replanning import MAX_REPLANS, REPLAN_FRACTION, Replanning
@@ -92,6 +92,10 @@ class Trainer(Replanning):
         self.pending: list[dict[str, Any]] = []
         """Records of the epoch in progress, written to metrics.jsonl when it ends."""
         self.gave_up_replanning = False
+        self.data_wait_s = 0.0
+        """This process's seconds waiting for a batch (NOTE [Prefetching batches])."""
+        self.step_s_run = 0.0
+        """This process's seconds in training steps (a resumed run's earlier ones not counted)."""
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         """Continue from ``last.pt``; see NOTE [Exact resume] in
@@ -145,13 +149,19 @@ class Trainer(Replanning):
             shuffle=True,
             seed=config.seed + epoch_index,
             drop_last=True,
+            share=(self.world.rank, self.world.world_size),
         )
-        records = [
-            self.train_step(global_batch, epoch=epoch_index + 1, step_in_epoch=step_in_epoch)
-            for step_in_epoch, global_batch in enumerate(
-                islice(batches, self.steps_per_epoch), start=1
-            )
-        ]
+        records = []
+        with Prefetch(batches) as prefetch:
+            for step_in_epoch in range(1, self.steps_per_epoch + 1):
+                waited_before = prefetch.wait_s
+                batch = prefetch.next()
+                if batch is None:
+                    break
+                self.data_wait_s += prefetch.wait_s - waited_before
+                records.append(
+                    self.train_step(batch, epoch=epoch_index + 1, step_in_epoch=step_in_epoch)
+                )
         losses = [record["loss"] for record in records]
         peaks = [record["peak_bytes"] for record in records if record["peak_measured"]]
         epoch_peak = max(peaks, default=None)
@@ -164,10 +174,10 @@ class Trainer(Replanning):
             num_measured=len(peaks),
         )
 
-    def train_step(self, global_batch: Batch, *, epoch: int, step_in_epoch: int) -> dict[str, Any]:
-        """One step of the loop: this rank's share of ``global_batch`` to the device, the
-        optimizer step, its record logged, the budget enforced; returns the record."""
-        batch = rank_slice(global_batch, self.world)
+    def train_step(self, batch: Batch, *, epoch: int, step_in_epoch: int) -> dict[str, Any]:
+        """One step of the loop: ``batch`` (this rank's share of the global batch, which is all
+        it reads) to the device, the optimizer step, its record logged, the budget enforced;
+        returns the record."""
         inputs = tuple(t.to(self.setup.device) for t in batch.inputs())
         target = batch.target.to(self.setup.device)
         lr = self.scheduler.get_last_lr()[0]
@@ -176,6 +186,7 @@ class Trainer(Replanning):
         step_s = time.perf_counter() - started
         self.state.global_step += 1
         self.state.step_seconds.append(step_s)
+        self.step_s_run += step_s
         record = {
             "kind": "step",
             "epoch": epoch,
@@ -184,7 +195,7 @@ class Trainer(Replanning):
             "loss": loss,
             "lr": lr,
             "step_s": step_s,
-            "samples_per_s": len(global_batch.target) / step_s,
+            "samples_per_s": self.setup.global_batch_size / step_s,
             "peak_bytes": peak_bytes,
             "peak_measured": peak_bytes is not None,
             "budget_bytes": self.budget_bytes,
@@ -382,6 +393,11 @@ class Trainer(Replanning):
             else self.state.peak_bytes <= self.budget_bytes,
             "memory_measure": self.meter.description,
             "mean_step_s": sum(seconds) / len(seconds) if seconds else 0.0,
+            # NOTE [Prefetching batches]: this process's wait for data, against its steps.
+            "data_wait_s": self.data_wait_s,
+            "data_wait_share": self.data_wait_s / (self.data_wait_s + self.step_s_run)
+            if self.step_s_run
+            else 0.0,
             "num_replans": self.state.num_replans,
             "world_size": self.world.world_size,
             "parallelism": self.parallelism,

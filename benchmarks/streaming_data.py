@@ -1,0 +1,151 @@
+"""Host memory and time to the first step of ``train`` (and of ``predict``) on files of bars
+larger than memory would allow, streamed from a row cache (NOTE [Row cache] in tft/row_cache.py).
+
+Each file is made like ``make-data`` makes one (6 symbols, 64 features), written a symbol at a
+time so that making it does not need the memory the benchmark is about. Every command runs in
+its own process; its peak resident memory is the kernel's count (``ru_maxrss``, which the
+process prints as it ends),
+its time to the first step is measured from the launch to the first step record on stdout.
+
+    python3 benchmarks/streaming_data.py --days 250 750 --work /path/with/space
+    python3 benchmarks/streaming_data.py --days 250 --in-memory   # the in-memory path too
+
+Prints one markdown row per file and run: the cold run builds the cache, the warm run reuses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from tft.synthetic import _column_encodings, generate_bars
+
+SYMBOLS = ("CL", "ES", "GC", "NQ", "RTY", "ZN")
+FEATURES = 64
+STEPS = 20
+
+
+def make_file(path: Path, days: int) -> Path:
+    """The make-data file of ``days`` days, one symbol at a time into one Parquet file."""
+    if path.exists():
+        return path
+    partial = path.with_suffix(".partial")
+    writer = None
+    for symbol in SYMBOLS:
+        table = generate_bars(days=days, num_features=FEATURES, symbols=[symbol], seed=0)
+        if writer is None:
+            writer = pq.ParquetWriter(
+                partial,
+                table.schema,
+                compression="zstd",
+                use_dictionary=["symbol"],
+                column_encoding=_column_encodings(table.schema),
+            )
+        writer.write_table(table)
+        del table
+    assert writer is not None
+    writer.close()
+    os.replace(partial, path)
+    return path
+
+
+# The command line in a process that prints its own peak resident memory when it ends.
+_MEASURED = (
+    "import json, resource, sys\n"
+    "from autockpt.cli import main\n"
+    "code = main(sys.argv[1:])\n"
+    "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+    "print(json.dumps({'kind': 'rusage', 'peak_kib': peak}), flush=True)\n"
+    "sys.exit(code)\n"
+)
+
+
+def run(command: list[str]) -> dict[str, float | None]:
+    """Wall time to the first step record (when there is one), to the end, peak resident."""
+    started = time.perf_counter()
+    first_step = None
+    summary: dict[str, object] = {}
+    peak_kib = 0
+    launch = [sys.executable, "-c", _MEASURED, *command]
+    with subprocess.Popen(launch, stdout=subprocess.PIPE, text=True) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if not line.startswith("{"):
+                continue
+            record = json.loads(line)
+            if record.get("kind") == "step" and first_step is None:
+                first_step = time.perf_counter() - started
+            if record.get("kind") == "summary":
+                summary = record
+            if record.get("kind") == "rusage":
+                peak_kib = int(record["peak_kib"])
+    if process.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed with {process.returncode}")
+    return {
+        "first_step_s": first_step,
+        "total_s": time.perf_counter() - started,
+        "peak_gib": peak_kib / 2**20,
+        "data_wait_share": summary.get("data_wait_share"),  # type: ignore[dict-item]
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--days", type=int, nargs="+", default=[250, 750, 2700])
+    parser.add_argument("--work", type=Path, default=None, help="folder for files and runs")
+    parser.add_argument("--max-host-memory", default="1GB")
+    parser.add_argument("--in-memory", action="store_true", help="also run the in-memory path")
+    parser.add_argument("--predict", action="store_true", help="also predict every window")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="streaming-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(
+        "| file | rows x columns | run | peak resident | time to the first step | end | data wait |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for days in sorted(args.days):
+        made = time.perf_counter()
+        path = make_file(work / f"bars-{days}d.parquet", days)
+        made_s = time.perf_counter() - made
+        meta = pq.ParquetFile(path).metadata
+        size = f"{path.stat().st_size / 1e9:.2f} GB"
+        shape = f"{meta.num_rows / 1e6:.2f}M x {meta.num_columns}"
+        print(f"<!-- {path.name}: made in {made_s:.0f} s -->", flush=True)
+        train = ["train", str(path), "--preset", "tiny", "--epochs", "1"]
+        train += ["--max-steps-per-epoch", str(STEPS), "--quiet"]
+        runs = [("cold (builds the cache)", "streamed-1"), ("warm (reuses it)", "streamed-2")]
+        if args.in_memory:
+            runs.insert(0, ("in memory", "memory"))
+        for label, name in runs:
+            limit = "1000GB" if name == "memory" else args.max_host_memory
+            out = work / "runs" / f"{days}d-{name}"
+            result = run([*train, "--out", str(out), "--max-host-memory", limit])
+            wait = result["data_wait_share"]
+            print(
+                f"| {size} | {shape} | train, {label} | {result['peak_gib']:.2f} GiB | "
+                f"{result['first_step_s']:.1f} s | {result['total_s']:.1f} s | "
+                f"{'' if wait is None else f'{wait:.1%}'} |",
+                flush=True,
+            )
+        if args.predict:
+            run_dir = work / "runs" / f"{days}d-streamed-2"
+            forecasts = work / f"forecasts-{days}d.parquet"
+            command = ["predict", str(run_dir), str(path), "-o", str(forecasts)]
+            result = run([*command, "--batch-size", "4096"])
+            print(
+                f"| {size} | {shape} | predict, every window | {result['peak_gib']:.2f} GiB"
+                f" |  | {result['total_s']:.1f} s |  |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
