@@ -473,11 +473,11 @@ MUTATIONS = (
         ("tests/tft/test_streamed_windows.py",),
     ),
     Mutation(
-        "mapped-pages-kept",
-        "a mapped row cache never drops the pages it read, so an epoch maps the whole file",
-        "tft/rows.py",
-        "        if self.read_bytes >= self.limit_bytes:",
-        "        if False:",
+        "cache-gathered-through-mapping",
+        "batches from a row cache are gathered through its mapping, so an epoch maps the file",
+        "tft/data.py",
+        "        if self._rows.files is not None:\n            return self._read_batch(",
+        "        if False:\n            return self._read_batch(",
         ("tests/tft/test_streamed_windows.py",),
     ),
     Mutation(

@@ -53,7 +53,6 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -61,6 +60,7 @@ import pyarrow.compute as pc
 import torch
 
 from autockpt.errors import ConfigError
+from tft.batch import Batch
 from tft.categories import category_text, constant_within_groups
 from tft.column_table import CALENDAR_INPUTS, ColumnUse, column_table
 from tft.columns import (
@@ -78,6 +78,7 @@ from tft.columns import (
     _usable,
 )
 from tft.normalize import Normalizer, _transform_target
+from tft.row_files import RowFiles
 from tft.rows import InputEncoder, Rows
 from tft.splits import split_cuts, split_labels, split_windows, too_short, window_starts
 
@@ -92,32 +93,6 @@ __all__ = [
 
 CALENDAR_COLUMNS = CALENDAR_INPUTS
 """Known features derived from the timestamp (UTC), always the last known columns."""
-
-
-class Batch(NamedTuple):
-    """One batch of windows; B windows, Te encoder steps, Td = horizon decoder steps."""
-
-    static_ids: torch.Tensor  # (B, 1 + num_static) int64: the symbol index, then static codes
-    encoder_observed: torch.Tensor  # (B, Te, num_observed) float32
-    encoder_known: torch.Tensor  # (B, Te, num_known) float32
-    decoder_known: torch.Tensor  # (B, Td, num_known) float32
-    encoder_categorical: torch.Tensor  # (B, Te, Co + Ck) int64: observed, then known codes
-    decoder_categorical: torch.Tensor  # (B, Td, Ck) int64: known codes
-    target: torch.Tensor  # (B, Td) float32, normalised
-    decoder_time_ns: torch.Tensor  # (B, Td) int64, UTC nanoseconds of the forecast rows
-    symbol_index: torch.Tensor  # (B,) int64
-
-    def inputs(self) -> tuple[torch.Tensor, ...]:
-        """The model's inputs: static ids, encoder observed, encoder known, decoder known, and,
-        when the data has time-varying categorical columns, their encoder and decoder codes."""
-        reals = (self.static_ids, self.encoder_observed, self.encoder_known, self.decoder_known)
-        if self.encoder_categorical.size(-1) == 0:
-            return reals
-        return (*reals, self.encoder_categorical, self.decoder_categorical)
-
-    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
-        """The same batch with every tensor moved to ``device``."""
-        return Batch(*(tensor.to(device, non_blocking=non_blocking) for tensor in self))
 
 
 class WindowDataset:
@@ -145,18 +120,21 @@ class WindowDataset:
         """Read-only (num_windows,) int64 first row of each window in the row arrays."""
         return self._starts
 
-    def targets(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every window's normalised targets ``(N, H)`` and symbol index ``(N,)``, without
-        gathering its inputs."""
-        decoder_rows = self._starts[:, None] + self._decoder_offsets
-        targets = self._rows.target[decoder_rows], self._rows.symbol_index[self._starts]
-        if self._rows.pages is not None:
-            self._rows.pages.release()
+    def targets(self, positions: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Every window's (or the windows at ``positions``') normalised targets ``(N, H)`` and
+        symbol index ``(N,)``, without gathering its inputs."""
+        starts = self._starts if positions is None else self._starts[positions]
+        decoder_rows = starts[:, None] + self._decoder_offsets
+        targets = self._rows.target[decoder_rows], self._rows.symbol_index[starts]
+        if self._rows.files is not None:
+            self._rows.files.release()
         return targets
 
     def batch(self, indices: np.ndarray | Sequence[int]) -> Batch:
         """Gather the windows at ``indices`` (positions in this dataset) into tensors."""
         starts = self._starts[np.asarray(indices, dtype=np.int64)]  # (B,)
+        if self._rows.files is not None:
+            return self._read_batch(starts, self._rows.files)
         encoder_rows = starts[:, None] + self._encoder_offsets  # (B, Te)
         decoder_rows = starts[:, None] + self._decoder_offsets  # (B, Td)
         rows = self._rows
@@ -165,7 +143,7 @@ class WindowDataset:
         known_categorical = rows.categorical[
             :, rows.categorical.shape[1] - rows.num_known_categorical :
         ]
-        batch = Batch(
+        return Batch(
             static_ids=torch.cat(
                 [symbol_index[:, None], torch.from_numpy(rows.static[starts])], dim=1
             ),
@@ -178,8 +156,29 @@ class WindowDataset:
             decoder_time_ns=torch.from_numpy(rows.time_ns[decoder_rows]),
             symbol_index=symbol_index,
         )
-        rows.note_read(len(starts) * (self.encoder_length + self.horizon), len(starts))
-        return batch
+
+    def _read_batch(self, starts: np.ndarray, files: RowFiles) -> Batch:
+        """:meth:`batch` from a row cache's files, a read per window and role (NOTE [Reading
+        windows from the cache]); the same tensors as gathering from arrays in memory."""
+        te, td = self.encoder_length, self.horizon
+        known = files.windows("known", starts, te + td)  # (B, Te + Td, K)
+        categorical = files.windows("categorical", starts, te + td)  # (B, Te + Td, Co + Ck)
+        first_known = categorical.shape[2] - self._rows.num_known_categorical
+        symbol_index = torch.from_numpy(files.windows("symbol_index", starts, 1)[:, 0])
+        static = files.windows("static", starts, 1)[:, 0]  # (B, num_static)
+        return Batch(
+            static_ids=torch.cat([symbol_index[:, None], torch.from_numpy(static)], dim=1),
+            encoder_observed=torch.from_numpy(files.windows("observed", starts, te)),
+            encoder_known=torch.from_numpy(np.ascontiguousarray(known[:, :te])),
+            decoder_known=torch.from_numpy(np.ascontiguousarray(known[:, te:])),
+            encoder_categorical=torch.from_numpy(np.ascontiguousarray(categorical[:, :te])),
+            decoder_categorical=torch.from_numpy(
+                np.ascontiguousarray(categorical[:, te:, first_known:])
+            ),
+            target=torch.from_numpy(files.windows("target", starts + te, td)),
+            decoder_time_ns=torch.from_numpy(files.windows("time_ns", starts + te, td)),
+            symbol_index=symbol_index,
+        )
 
 
 @dataclass(frozen=True)

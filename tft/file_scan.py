@@ -22,6 +22,8 @@ float32 inputs are then equal but for a rare last bit (``tests/tft/test_streamed
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -57,7 +59,9 @@ def read_chunks(path: Path, columns: list[str], chunk_rows: int) -> Iterator[tup
         DataError: the file cannot be read as Parquet, or has no rows.
     """
     try:
-        reader = pq.ParquetFile(path)
+        # Pre-buffering reads ahead whole row groups and keeps them: 450 MB on a 0.47 GB file
+        # read in 20 chunks, against 3 MB without (measured).
+        reader = pq.ParquetFile(path, pre_buffer=False)
         first = 0
         for batch in reader.iter_batches(batch_size=chunk_rows, columns=columns):
             yield first, pa.Table.from_batches([batch])
@@ -67,8 +71,22 @@ def read_chunks(path: Path, columns: list[str], chunk_rows: int) -> Iterator[tup
         raise _error(
             path, f"cannot be read as Parquet ({reason}); pass a Parquet file of bars"
         ) from None
+    hand_back_freed_memory()
     if first == 0:
         raise _error(path, "has no rows; pass a file with bars in it")
+
+
+def hand_back_freed_memory() -> None:
+    """Return the memory freed during a pass to the system.
+
+    A pass allocates and frees a chunk's columns hundreds of times; Arrow's allocator and the
+    C library's keep the freed memory for reuse, about half a gigabyte after a pass over a
+    2M-row file (measured: 0.85 GiB resident after the build, 0.37 GiB after this), which
+    would otherwise stay resident through training.
+    """
+    pa.default_memory_pool().release_unused()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim so
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 @dataclass(frozen=True)

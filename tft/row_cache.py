@@ -9,15 +9,15 @@ NOTE [Row cache]
 Windows overlap (a window of 30 rows starts at every row), so the rows are stored once and a
 window is its first row, as in memory (NOTE [Rows, windows and splits] in :mod:`tft.data`).
 The cache holds exactly the in-memory arrays (scaled float32 reals, int64 codes), row-major,
-grouped by symbol, one raw file per role; mapped read-only, ``WindowDataset.batch`` gathers
-from it unchanged, shuffling stays a permutation of every window (no shuffle buffer), and a
-batch reads only its own rows. What a mapping has read counts in the process's resident
-memory until it is dropped, so :class:`MappedPages` drops the pages (``madvise(DONTNEED)``)
-after every ``limit`` bytes read: they stay in the kernel's page cache, which is not the
-process's, and the next read of them is a copy from it, not from disk. The alternatives were
-worse here: Arrow IPC would store the file's columns, so every batch would redo the scaling
-and coding; reading row groups into a shuffle buffer makes the order depend on the buffer
-size and is not the in-memory path's order for a small file.
+grouped by symbol, one raw file per role. A window's rows of one role are then one contiguous
+run of bytes, which ``WindowDataset.batch`` reads with one positioned read (NOTE [Reading
+windows from the cache] in :mod:`tft.row_files`): shuffling stays a permutation of every
+window (no shuffle buffer), a batch reads only its own rows, and what it reads is copied from
+the kernel's page cache, which is not the process's memory. The files are also mapped
+read-only, as :class:`~tft.rows.Rows` arrays, for the few reads of a whole role. The
+alternatives were worse here: Arrow IPC would store the file's columns, so every batch would
+redo the scaling and coding; reading row groups into a shuffle buffer makes the order depend
+on the buffer size and is not the in-memory path's order for a small file.
 
 The cache is keyed by the source file's resolved path, size and modification time. It is
 reused when those match and it was encoded the same way (the same normaliser, or fitted with
@@ -49,9 +49,17 @@ from tft.columns import (
     _roles_difference,
     _usable,
 )
-from tft.file_scan import FileLayout, RowWalker, fit_statistics, read_chunks, scan_layout
+from tft.file_scan import (
+    FileLayout,
+    RowWalker,
+    fit_statistics,
+    hand_back_freed_memory,
+    read_chunks,
+    scan_layout,
+)
 from tft.normalize import Normalizer
-from tft.rows import MappedPages, Rows, _calendar
+from tft.row_files import RowFiles
+from tft.rows import Rows, _calendar
 from tft.splits import split_cuts
 
 __all__ = ["RowCacheMeta", "cache_folder", "cached_rows"]
@@ -146,7 +154,6 @@ def cached_rows(
     normalizer: Normalizer | None,
     split_fractions: Sequence[float] | None,
     chunk_rows: int,
-    page_limit_bytes: int,
     check_source: bool = True,
 ) -> tuple[Rows, RowCacheMeta, np.ndarray]:
     """The rows of ``path`` from the cache ``folder``, building it first when needed.
@@ -156,7 +163,6 @@ def cached_rows(
             the same file encoded another way.
         roles, normalizer, split_fractions: as :func:`tft.data.load_windows` takes them.
         chunk_rows: rows per chunk read from the file while building.
-        page_limit_bytes: bytes read from the mapping between drops of its pages.
         check_source: refuse a folder made from another file (a folder the user named)
             instead of replacing it.
 
@@ -176,26 +182,26 @@ def cached_rows(
         )
     if meta is None or not _reusable(meta, source, roles, normalizer, split_fractions):
         meta = _build(path, folder, source, roles, normalizer, split_fractions, chunk_rows)
-    rows = _open(folder, meta, page_limit_bytes)
+    rows = _open(folder, meta)
     distinct = np.fromfile(folder / "distinct_times.bin", dtype=np.int64)
     return rows, meta, distinct
 
 
-def _open(folder: Path, meta: RowCacheMeta, page_limit_bytes: int) -> Rows:
+def _open(folder: Path, meta: RowCacheMeta) -> Rows:
     maps: list[mmap.mmap] = []
     arrays: dict[str, np.ndarray] = {}
+    layout: dict[str, tuple[np.dtype, int | None]] = {}
     for name, dtype in _ROLE_FILES.items():
-        shape: tuple[int, ...] = (meta.num_rows,)
-        if name in meta.widths:
-            shape = (meta.num_rows, meta.widths[name])
+        width = meta.widths.get(name)
+        layout[name] = (np.dtype(dtype), width)
+        shape = (meta.num_rows,) if width is None else (meta.num_rows, width)
         if int(np.prod(shape)) == 0:
             arrays[name] = np.zeros(shape, dtype=dtype)
             continue
         with open(folder / f"{name}.bin", "rb") as file:
             mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
         maps.append(mapping)
-        array = np.frombuffer(mapping, dtype=dtype).reshape(shape)
-        arrays[name] = array
+        arrays[name] = np.frombuffer(mapping, dtype=dtype).reshape(shape)
     return Rows(
         observed=arrays["observed"],
         known=arrays["known"],
@@ -205,7 +211,7 @@ def _open(folder: Path, meta: RowCacheMeta, page_limit_bytes: int) -> Rows:
         target=arrays["target"],
         time_ns=arrays["time_ns"],
         symbol_index=arrays["symbol_index"],
-        pages=MappedPages(maps, page_limit_bytes),
+        files=RowFiles(folder, layout, maps),
     )
 
 
@@ -262,6 +268,8 @@ def _build(
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
+    finally:
+        hand_back_freed_memory()
     return meta
 
 

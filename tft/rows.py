@@ -8,7 +8,6 @@ array per role (NOTE [Rows, windows and splits] in :mod:`tft.data`), fitting the
 
 from __future__ import annotations
 
-import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,35 +18,12 @@ from tft.categories import category_text, encode_categories, fit_categories
 from tft.column_table import CALENDAR_INPUTS
 from tft.columns import ColumnRoles
 from tft.normalize import Normalizer, Scale, _scale_columns, fit_scale
+from tft.row_files import RowFiles
 
-__all__ = ["InputEncoder", "MappedPages", "Rows"]
+__all__ = ["InputEncoder", "Rows"]
 
 _NS_PER_MINUTE = 60 * 1_000_000_000
 _NS_PER_DAY = 1440 * _NS_PER_MINUTE
-
-
-@dataclass
-class MappedPages:
-    """The mappings of a cache and how much has been read from them since they were dropped."""
-
-    maps: list[mmap.mmap]
-    limit_bytes: int
-    read_bytes: int = 0
-
-    def note_read(self, num_bytes: int) -> None:
-        """Count ``num_bytes`` read; past the limit, drop every mapped page (NOTE [Row cache]
-        in :mod:`tft.row_cache`)."""
-        self.read_bytes += num_bytes
-        if self.read_bytes >= self.limit_bytes:
-            self.release()
-
-    def release(self) -> None:
-        """Drop the pages read so far from this process's resident memory."""
-        self.read_bytes = 0
-        if not hasattr(mmap, "MADV_DONTNEED"):
-            return
-        for mapping in self.maps:
-            mapping.madvise(mmap.MADV_DONTNEED)
 
 
 @dataclass(frozen=True)
@@ -62,21 +38,9 @@ class Rows:
     target: np.ndarray  # (N,) float32
     time_ns: np.ndarray  # (N,) int64
     symbol_index: np.ndarray  # (N,) int64
-    pages: MappedPages | None = field(default=None, compare=False)
-    """The mappings the arrays are read from (a row cache); None for arrays in memory."""
-
-    def note_read(self, num_rows: int, num_runs: int) -> None:
-        """Count a gather of ``num_rows`` rows of every role in ``num_runs`` runs of
-        consecutive rows (a mapped cache drops its pages past its limit; arrays in memory
-        need nothing)."""
-        if self.pages is None:
-            return
-        row_bytes = sum(
-            array.itemsize * (array.shape[1] if array.ndim == 2 else 1)
-            for array in (self.observed, self.known, self.categorical, self.static)
-        )
-        # Every run of rows touches at least a page of each role's file.
-        self.pages.note_read(num_rows * row_bytes + num_runs * 7 * mmap.PAGESIZE)
+    files: RowFiles | None = field(default=None, compare=False)
+    """The row cache files the arrays are mapped from (batches read windows from them, NOTE
+    [Reading windows from the cache]); None for arrays in memory."""
 
 
 def _calendar(time_ns: np.ndarray) -> np.ndarray:

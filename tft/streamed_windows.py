@@ -85,7 +85,6 @@ def stream_windows(
         normalizer=normalizer,
         split_fractions=split_fractions,
         chunk_rows=chunk_rows or chunk_rows_for(path, max_host_bytes),
-        page_limit_bytes=max(max_host_bytes // 4, 1 << 20),
         check_source=check_source,
     )
     # A cache is reused only with the normaliser asked for (or fitted as asked).
@@ -98,8 +97,8 @@ def stream_windows(
     split_starts = [np.empty(0, dtype=np.int64)] * 3
     if split_fractions is not None:
         labels = _labels(rows.time_ns, split_cuts(distinct_times, split_fractions))
-        if rows.pages is not None:
-            rows.pages.release()
+        if rows.files is not None:
+            rows.files.release()
         split_starts = split_windows(path, labels, symbol_bounds, split_fractions, window)
     return windowed_data(rows, [*split_starts, whole], fitted, schema, meta.unknown_rows, window)
 

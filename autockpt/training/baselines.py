@@ -54,10 +54,13 @@ class NaiveForecasts:
         mean = np.asarray(normalizer.target.mean, dtype=np.float64)
         std = np.asarray(normalizer.target.std, dtype=np.float64)
         levels = np.asarray(quantile_levels, dtype=np.float64)
-        targets, symbols = data.train.targets()
-        if len(targets) > MAX_FITTED_WINDOWS:
-            keep = np.linspace(0, len(targets) - 1, MAX_FITTED_WINDOWS).astype(np.int64)
-            targets, symbols = targets[keep], symbols[keep]
+        num_windows = len(data.train)
+        keep = None
+        if num_windows > MAX_FITTED_WINDOWS:
+            # Only the kept windows are gathered: a streamed file's training windows may not
+            # fit in memory as (N, H) targets.
+            keep = np.linspace(0, num_windows - 1, MAX_FITTED_WINDOWS).astype(np.int64)
+        targets, symbols = data.train.targets(keep)
         everyone = (
             np.quantile(targets, levels, axis=0).T  # (H, Q)
             if len(targets)

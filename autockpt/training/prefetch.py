@@ -15,9 +15,14 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-__all__ = ["Prefetch"]
+from tft.data import Batch, iterate_batches
+
+if TYPE_CHECKING:
+    from autockpt.training.prepare import Setup
+
+__all__ = ["Prefetch", "epoch_batches"]
 
 _T = TypeVar("_T")
 _END = object()
@@ -79,3 +84,19 @@ class Prefetch(Generic[_T]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def epoch_batches(setup: Setup, epoch_index: int) -> Prefetch[Batch] | None:
+    """The training batches of epoch ``epoch_index`` (0-based; None past the last), this
+    rank's share of each, shuffled by the run's seed and the epoch, gathered ahead."""
+    if epoch_index >= setup.config.epochs:
+        return None
+    batches = iterate_batches(
+        setup.data.train,
+        setup.global_batch_size,
+        shuffle=True,
+        seed=setup.config.seed + epoch_index,
+        drop_last=True,
+        share=(setup.world.rank, setup.world.world_size),
+    )
+    return Prefetch(batches)

@@ -38,7 +38,7 @@ from autockpt.training.checkpoint import (
 from autockpt.training.distributed import wrap
 from autockpt.training.evaluate import evaluate
 from autockpt.training.host_tuning import tune_host
-from autockpt.training.prefetch import Prefetch
+from autockpt.training.prefetch import Prefetch, epoch_batches
 from autockpt.training.prepare import Setup, autocast
 from autockpt.training.progress import Reporter
 from autockpt.training.replanning import MAX_REPLANS, REPLAN_FRACTION, Replanning
@@ -46,7 +46,7 @@ from autockpt.training.runs import BEST_FILE, LAST_FILE, RunFolder
 from autockpt.training.schedule import learning_rate_factor
 from autockpt.training.settings import seed_everything
 from autockpt.training.step_memory import StepMemoryMeter
-from tft.data import Batch, iterate_batches
+from tft.data import Batch
 
 
 class Trainer(Replanning):
@@ -96,6 +96,8 @@ class Trainer(Replanning):
         """This process's seconds waiting for a batch (NOTE [Prefetching batches])."""
         self.step_s_run = 0.0
         """This process's seconds in training steps (a resumed run's earlier ones not counted)."""
+        self.upcoming: Prefetch[Batch] | None = None
+        """The next epoch's batches, gathered ahead (NOTE [Prefetching batches])."""
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         """Continue from ``last.pt``; see NOTE [Exact resume] in
@@ -121,47 +123,53 @@ class Trainer(Replanning):
         """Train until the last epoch or early stopping; returns the summary record."""
         config = self.config
         self.model.train()
-        self.reporter.start(
-            num_epochs=config.epochs,
-            first_epoch=self.state.epoch,
-            steps_per_epoch=self.steps_per_epoch,
-        )
-        self.record_plan_agreement()
-        stopped = "finished" if self.state.epoch < config.epochs else "already finished"
-        while self.state.epoch < config.epochs:
-            if self.state.epochs_without_improvement >= config.patience:
-                stopped = f"early stop: no better validation loss for {config.patience} epochs"
-                break
-            self.run_epoch()
+        # NOTE [Prefetching batches]: the epoch's shuffle starts before the run's bookkeeping.
+        self.upcoming = epoch_batches(self.setup, self.state.epoch)
+        try:
+            self.reporter.start(
+                num_epochs=config.epochs,
+                first_epoch=self.state.epoch,
+                steps_per_epoch=self.steps_per_epoch,
+            )
+            self.record_plan_agreement()
+            stopped = "finished" if self.state.epoch < config.epochs else "already finished"
+            while self.upcoming is not None:
+                if self.state.epochs_without_improvement >= config.patience:
+                    stopped = f"early stop: no better validation loss for {config.patience} epochs"
+                    break
+                self.run_epoch(self.upcoming)
+        finally:
+            if self.upcoming is not None:
+                self.upcoming.close()
         summary = self.summary(stopped)
         if self.world.is_main:
             self.run.append_metrics([summary])
         self.reporter.finish(summary)
         return summary
 
-    def run_epoch(self) -> None:
-        config, setup = self.config, self.setup
+    def run_epoch(self, prefetch: Prefetch[Batch]) -> None:
+        """Train one epoch from ``prefetch`` and validate; the next epoch's batches start
+        before validation (``self.upcoming``), so that their shuffle overlaps it."""
         epoch_index = self.state.epoch  # 0-based; records count epochs from 1
         started = time.perf_counter()
-        batches = iterate_batches(
-            setup.data.train,
-            setup.global_batch_size,
-            shuffle=True,
-            seed=config.seed + epoch_index,
-            drop_last=True,
-            share=(self.world.rank, self.world.world_size),
-        )
         records = []
-        with Prefetch(batches) as prefetch:
+        with prefetch:
             for step_in_epoch in range(1, self.steps_per_epoch + 1):
                 waited_before = prefetch.wait_s
                 batch = prefetch.next()
                 if batch is None:
                     break
-                self.data_wait_s += prefetch.wait_s - waited_before
+                waited = prefetch.wait_s - waited_before
+                self.data_wait_s += waited
                 records.append(
-                    self.train_step(batch, epoch=epoch_index + 1, step_in_epoch=step_in_epoch)
+                    self.train_step(
+                        batch,
+                        epoch=epoch_index + 1,
+                        step_in_epoch=step_in_epoch,
+                        data_wait_s=waited,
+                    )
                 )
+        self.upcoming = epoch_batches(self.setup, epoch_index + 1)
         losses = [record["loss"] for record in records]
         peaks = [record["peak_bytes"] for record in records if record["peak_measured"]]
         epoch_peak = max(peaks, default=None)
@@ -174,10 +182,12 @@ class Trainer(Replanning):
             num_measured=len(peaks),
         )
 
-    def train_step(self, batch: Batch, *, epoch: int, step_in_epoch: int) -> dict[str, Any]:
+    def train_step(
+        self, batch: Batch, *, epoch: int, step_in_epoch: int, data_wait_s: float = 0.0
+    ) -> dict[str, Any]:
         """One step of the loop: ``batch`` (this rank's share of the global batch, which is all
         it reads) to the device, the optimizer step, its record logged, the budget enforced;
-        returns the record."""
+        returns the record (``data_wait_s``: how long the loop waited for the batch)."""
         inputs = tuple(t.to(self.setup.device) for t in batch.inputs())
         target = batch.target.to(self.setup.device)
         lr = self.scheduler.get_last_lr()[0]
@@ -195,6 +205,7 @@ class Trainer(Replanning):
             "loss": loss,
             "lr": lr,
             "step_s": step_s,
+            "data_wait_s": data_wait_s,
             "samples_per_s": self.setup.global_batch_size / step_s,
             "peak_bytes": peak_bytes,
             "peak_measured": peak_bytes is not None,
