@@ -110,6 +110,12 @@ def step_ratio(
 def what_it_does(plan: autockpt.Plan) -> str:
     chunks = sorted({s.num_chunks for s in plan.segments if s.num_chunks > 1})
     parts = [f"{plan.num_recomputed}/{len(plan.segments)} recomputed"]
+    regions = [s.compile_fraction for s in plan.segments if s.compile_fraction is not None]
+    if regions:
+        at = ",".join(sorted({f"{fraction:g}" for fraction in regions}))
+        parts.insert(0, f"{len(regions)}/{len(plan.segments)} own graphs at {at}")
+    if plan.compile_fraction is not None:
+        parts.append(f"at compile {plan.compile_fraction:g}")
     if selective := sum(s.selective for s in plan.segments):
         parts[0] += f" ({selective} selectively)"
     if chunks:

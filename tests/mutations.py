@@ -489,6 +489,22 @@ MUTATIONS = (
         ("tests/planner/test_compiled_plan.py",),
     ),
     Mutation(
+        "region-budget-not-applied",
+        "a segment given a region budget is compiled in the step's graph at the step's fraction",
+        "autockpt/planner/runtime/compiled_backend.py",
+        "    if fraction is None or not torch.compiler.is_compiling():",
+        "    if True:",
+        ("tests/planner/test_region_budgets.py",),
+    ),
+    Mutation(
+        "region-budget-not-passed",
+        "apply drops the plan's per-segment compile budgets",
+        "autockpt/planner/apply.py",
+        "            region_fraction=segment.compile_fraction,",
+        "            region_fraction=None,",
+        ("tests/planner/test_region_budgets.py",),
+    ),
+    Mutation(
         "python-state-unseen",
         "a call that writes to a cache or list it is given may be recomputed",
         "autockpt/planner/trace/module_chain.py",

@@ -164,3 +164,19 @@ def measured_step(
         optimizer.step()
     gradients = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return counter.peak_bytes, loss, gradients
+
+
+def profiled_peak_bytes(run: Callable[[], None]) -> int:
+    """The most bytes ``run`` holds at once above what was allocated when it started, summed
+    here from the profiler's memory events (the allocator's, so a compiled step's buffers,
+    which no dispatch mode sees, count too)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        run()
+    events = [e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()  # negative for a free
+        peak = max(peak, live)
+    return peak

@@ -47,21 +47,31 @@ def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
     table.add_column("", no_wrap=True)
     table.add_column("plan")
     table.add_column("recompute", justify="right", no_wrap=True)
+    compiled = plan.compile_fraction is not None
+    if compiled:
+        # Each segment's activation memory budget: its own graph's, or the step's.
+        table.add_column("compile", justify="right", no_wrap=True)
     for index, segment in enumerate(plan.segments):
-        if not segment.recomputed:
+        if segment.compile_fraction is not None:
+            action = "[cyan]own graph, compile recomputes[/cyan]"
+        elif not segment.recomputed:
             action = "[green]kept[/green]"
         elif segment.num_chunks > 1:
             action = f"[yellow]recomputed, {segment.num_chunks} chunks[/yellow]"
         else:
             action = "[yellow]recomputed[/yellow]"
-        table.add_row(
+        row = [
             str(index),
             segment.name,
             format_bytes(segment.saved_bytes),
             _bar(segment.saved_bytes / largest),
             action,
             f"{segment.recompute_s * 1000:.2f} ms" if segment.recomputed else "-",
-        )
+        ]
+        if compiled:
+            own = segment.compile_fraction
+            row.append(f"{own if own is not None else plan.compile_fraction:g}")
+        table.add_row(*row)
     console.print(table)
     breakdown = plan.breakdown
     parts = [
@@ -94,10 +104,13 @@ def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
             f"{format_bytes(plan.minimum_feasible_bytes)} (the planner's estimate)"
         )
     else:
+        regions = sum(segment.compile_fraction is not None for segment in plan.segments)
         console.print(
             f"compiled:      torch.compile (inductor) at activation memory budget "
-            f"{plan.compile_fraction:g}; the peak and step times are of compiled steps, "
-            "measured (the allocator's count) and timed"
+            f"{plan.compile_fraction:g}"
+            + (f", {regions} segments in graphs of their own at theirs" if regions else "")
+            + "; the peak and step times are of compiled steps, measured (the allocator's "
+            "count) and timed"
         )
         console.print(
             f"peak:          {format_bytes(plan.predicted_peak_bytes)} measured{against}; "

@@ -62,6 +62,7 @@ def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
             input_batch_dims=tuple(segment.input_batch_dims),
             output_batch_dims=tuple(segment.output_batch_dims),
             selective=segment.selective,
+            region_fraction=segment.compile_fraction,
         )
         for segment in plan.segments
     ]

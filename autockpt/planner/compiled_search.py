@@ -11,15 +11,20 @@ candidate and measures its real step, with the allocator's count (NOTE in
 :mod:`autockpt.planner.measure.allocator_peak`), and times it. The candidates, cheapest first:
 
 1. the plain model at inductor's default partition (1.0): taken if it fits;
-2. the plain model at compile's own fractions (:data:`FRACTIONS`);
-3. the eager planner's plan at the budget (its recompute, chunks and micro-batches, which
-   only the planner has), compiled at 1.0; where it peaks over the budget, planned again at a
+2. the plain model at compile's own fractions (:data:`FRACTIONS`): one graph, one knob;
+3. per-region budgets (NOTE [Per-region budgets]): the planner's segments that free the most
+   bytes per second of recompute, by its eager counts, each a graph of its own at region
+   budget 0, as many as the plain compiled step's overshoot needs; where the compiled step
+   still peaks over the budget, more, by what is left over. The planner picks where memory is
+   given back, inductor how, op by op and fused;
+4. the eager planner's plan at the budget (its recompute, chunks and micro-batches, which only
+   the planner has), compiled at 1.0; where it peaks over the budget, planned again at a
    budget lowered by the overshoot;
-4. that plan compiled at the fractions too, while compiles remain.
+5. that plan compiled at the fractions too, while compiles remain.
 
 The fastest candidate that fits wins; at most ``max_compiles`` compiles are made, and the
-plan's notes say how many and how long they took. A budget no candidate meets is refused
-with the lowest peak measured as the minimum.
+plan's notes say how many and how long they took, and each candidate's peak and step time.
+A budget no candidate meets is refused with the lowest peak measured as the minimum.
 
 Every candidate runs on one deep copy of the model (its own weights and optimizer state, so
 the user's model is never written, at the cost of the model's memory a second time while
@@ -27,9 +32,6 @@ planning). Dynamo's caches are reset before each compile: every candidate compil
 ``forward`` with other settings, and past ``torch._dynamo.config.cache_size_limit``
 recompiles dynamo would silently run eager. The reset drops whatever else the process had
 compiled; it compiles again on its next call.
-
-Not yet here (issue 30): torch 2.13's per-region budgets, one fraction per planner region
-separated by graph breaks; the plan uses one fraction for the whole step.
 """
 
 from __future__ import annotations
@@ -48,15 +50,24 @@ from autockpt.planner.apply import apply
 from autockpt.planner.core.units import format_bytes
 from autockpt.planner.measure.allocator_peak import allocator_peak_bytes, resident_bytes
 from autockpt.planner.measure.fake_step import default_loss, give_state, make_optimizer
-from autockpt.planner.plan_types import PeakBreakdown, Plan
+from autockpt.planner.plan_types import PeakBreakdown, Plan, SegmentPlan
 from autockpt.planner.runtime.compiled_backend import compile_in_place
 from autockpt.planner.training_step import training_step
 
-__all__ = ["FRACTIONS", "MAX_COMPILES", "Candidate", "plan_compiled"]
+__all__ = [
+    "FRACTIONS",
+    "MAX_COMPILES",
+    "REGION_FRACTION",
+    "Candidate",
+    "plan_compiled",
+]
 
 FRACTIONS = (0.5, 0.25)
 """Compile's activation memory budgets tried besides its default (1.0)."""
-MAX_COMPILES = 6
+REGION_FRACTION = 0.0
+"""The region budget of a segment handed to compile's partitioner (candidate 3): it keeps at
+most what checkpointing the segment would."""
+MAX_COMPILES = 8
 """Compiles one search makes at most (each takes seconds to minutes on a CPU)."""
 TIMED_STEPS = 3
 """Steps timed per candidate after the one that compiles; the median counts."""
@@ -79,12 +90,60 @@ class Candidate:
     def name(self) -> str:
         plan = self.plan
         parts = []
+        regions = [s.compile_fraction for s in plan.segments if s.compile_fraction is not None]
+        if regions:
+            at = ", ".join(sorted({f"{fraction:g}" for fraction in regions}))
+            parts.append(f"{len(regions)} of {len(plan.segments)} graphs of their own at {at}")
         if plan.num_recomputed:
             parts.append(f"{plan.num_recomputed} of {len(plan.segments)} recomputed")
+        if any(s.num_chunks > 1 for s in plan.segments):
+            parts.append(f"chunks {max(s.num_chunks for s in plan.segments)}")
         if plan.num_micro_batches > 1:
             parts.append(f"{plan.num_micro_batches} micro-batches")
         what = f"planned ({', '.join(parts)})" if parts else "plain"
         return f"{what} at compile {self.fraction:g}"
+
+
+def regions_to_free(plain: Plan, free_bytes: int) -> Plan | None:
+    """The plain plan with segments handed to compile's partitioner, each a graph of its own at
+    region budget :data:`REGION_FRACTION` (NOTE [Per-region budgets]): those that free the
+    most bytes per second of recompute first (by the eager counts: what a segment keeps less
+    what checkpointing it would keep), until they free ``free_bytes`` (all of them where they
+    never do). None where no segment frees anything. A span of several module calls is not a
+    region: a region is one call."""
+    gains = {
+        index: segment.saved_bytes - segment.boundary_bytes
+        for index, segment in enumerate(plain.segments)
+        if segment.saved_bytes > segment.boundary_bytes
+        and (plain.tracing == "fx" or len(segment.modules) == 1)
+    }
+    order = sorted(
+        gains, key=lambda i: -gains[i] / max(plain.segments[i].recompute_s, _SHORTEST_RECOMPUTE_S)
+    )
+    chosen: set[int] = set()
+    for index in order:
+        if sum(gains[i] for i in chosen) >= free_bytes:
+            break
+        chosen.add(index)
+    if not chosen:
+        return None
+    segments = [
+        segment.model_copy(
+            update={
+                "compile_fraction": REGION_FRACTION,
+                "reason": f"frees about {format_bytes(gains[index])} (eager count) as a graph "
+                f"of its own at region budget {REGION_FRACTION:g}: compile recomputes inside it",
+            }
+        )
+        if index in chosen
+        else segment
+        for index, segment in enumerate(plain.segments)
+    ]
+    return plain.model_copy(update={"segments": segments})
+
+
+#: A floor on a segment's recompute seconds when ranking regions (some time at zero or less).
+_SHORTEST_RECOMPUTE_S = 1e-6
 
 
 class _Runner:
@@ -142,13 +201,36 @@ class _Runner:
         return candidate
 
 
+def _try_regions(
+    plain_plan: Plan,
+    plain_peak_bytes: int,
+    budget_bytes: int,
+    attempt: Callable[[Plan, float], Candidate | None],
+) -> None:
+    """Candidate 3 of NOTE [Compiled plans]: segments in graphs of their own at region budget
+    0, chosen to free the plain compiled step's overshoot, more while the compiled step still
+    peaks over the budget."""
+    free_bytes = plain_peak_bytes - budget_bytes
+    tried: list[list[SegmentPlan]] = []
+    for _ in range(3):
+        plan = regions_to_free(plain_plan, free_bytes)
+        if plan is None or plan.segments in tried:
+            return
+        tried.append(plan.segments)
+        candidate = attempt(plan, 1.0)
+        if candidate is None or candidate.peak_bytes <= budget_bytes:
+            return
+        # The regions freed less compiled than the eager count said: free the rest too.
+        free_bytes += candidate.peak_bytes - budget_bytes
+
+
 def _try_eager_plans(
     eager_plan: EagerPlanner,
     budget_bytes: int,
     attempt: Callable[[Plan, float], Candidate | None],
     notes: list[str],
 ) -> None:
-    """Candidates 3 and 4 of NOTE [Compiled plans]: the eager plan at the budget, planned
+    """Candidates 4 and 5 of NOTE [Compiled plans]: the eager plan at the budget, planned
     again lower while its compiled step peaks over it, then at compile's fractions."""
     target = budget_bytes
     planned: Candidate | None = None
@@ -220,6 +302,7 @@ def plan_compiled(
     if not fitting():
         for fraction in FRACTIONS:
             attempt(plain_plan, fraction)
+        _try_regions(plain_plan, plain.peak_bytes, budget_bytes, attempt)
         _try_eager_plans(eager_plan, budget_bytes, attempt, notes)
     search_s = time.perf_counter() - started
     lines = [

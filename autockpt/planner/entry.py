@@ -116,8 +116,8 @@ def plan(
             accumulates them over batches, or zeroes them only after the forward): they are
             counted from the start of the step.
         compile: plan the step ``torch.compile`` (inductor) runs: candidates (the plain
-            model at inductor's own activation memory budgets, the eager plan at this budget)
-            are compiled and their real steps measured by the allocator and timed; the
+            model at inductor's own activation memory budgets, segments in graphs of their own
+            at a region budget, the eager plan at this budget) are compiled and their real steps measured by the allocator and timed; the
             fastest that fits is the plan, and :func:`autockpt.apply` returns it compiled
             (NOTE [Compiled plans]). Needs the model and inputs on the device, and
             ``optimizer`` ``"adamw"``, ``"sgd"`` or ``None``; one process.

@@ -78,6 +78,11 @@ class SegmentPlan(BaseModel):
     convolutions and attention kept from forward (NOTE [Selective recompute])."""
     reason: str = ""
     """Why the planner chose this option."""
+    compile_fraction: float | None = None
+    """In a compiled plan, the activation memory budget of the segment's own compiled graph
+    (``torch.autograd.graph.region_activation_memory_budget``, graph breaks around it: compile's
+    partitioner picks what to recompute in it, NOTE [Per-region budgets]); None: it runs in the
+    step's graph, at the plan's ``compile_fraction``."""
 
 
 class PeakBreakdown(BaseModel):

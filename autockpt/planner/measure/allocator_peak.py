@@ -2,7 +2,8 @@
 
 Inductor's kernels allocate their buffers below the dispatcher, where the planner's tracker
 cannot see them; the allocator sees every byte. On the CPU the profiler's memory events come
-from it; on CUDA its own statistics do.
+from it; on CUDA its own statistics do: the most bytes its tensors held, plus what it reserved
+beyond them (not yet run on a GPU).
 """
 
 from __future__ import annotations
@@ -31,11 +32,17 @@ def allocator_count(device: torch.device) -> Iterator[AllocatorPeak]:
     reading = AllocatorPeak()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        # Blocks cached from before the block (an earlier candidate's) are not its own.
+        torch.cuda.empty_cache()
         start = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         yield reading
         torch.cuda.synchronize(device)
-        reading.peak_bytes = int(torch.cuda.max_memory_allocated(device)) - start
+        most_allocated = int(torch.cuda.max_memory_allocated(device))
+        # What the caching allocator reserves beyond its tensors at their peak (rounding,
+        # split blocks, freed blocks it keeps) is device memory the step takes as well.
+        slack = max(int(torch.cuda.max_memory_reserved(device)) - most_allocated, 0)
+        reading.peak_bytes = most_allocated - start + slack
         return
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
         yield reading

@@ -47,10 +47,12 @@ def build_module_planned(
     assert len(segments) == len(actions), "one action per segment"
     copies: dict[str, torch.nn.Module] = {"": copy.copy(model)}
     for segment, action in zip(segments, actions, strict=True):
-        if not action.recompute and observer is None:
+        if not action.recompute and action.region_fraction is None and observer is None:
             continue
         links = [_copied_path(copies, path) for path in segment.module_paths]
         assert len(links) == 1 or action.num_chunks <= 1, "a span runs whole"
+        # A region budget wraps one call in a graph of its own (NOTE [Per-region budgets]).
+        assert len(links) == 1 or action.region_fraction is None, "a span is several calls"
         if len(links) == 1:
             link = links[0]
             link.forward = _LinkForward(segment.index, link.forward, action, link, observer)

@@ -45,6 +45,7 @@ import torch.fx as fx
 from torch.utils.checkpoint import checkpoint
 
 from autockpt.planner.core.memory_tracker import flat_tensors
+from autockpt.planner.runtime.compiled_backend import in_own_graph
 from autockpt.planner.runtime.selective_recompute import COMPILED_CONTEXT_FN, selective_contexts
 from autockpt.planner.trace.fx_graph import COMPUTE_OPS, Segment
 
@@ -61,6 +62,8 @@ class SegmentAction:
         output_batch_dims: for each output, the dimension the pieces are joined along.
         selective: recompute only its cheap ops, the outputs of its matrix products kept
             (NOTE [Selective recompute]; only with ``recompute``, in one piece).
+        region_fraction: compiled, the segment is a graph of its own at this activation
+            memory budget (NOTE [Per-region budgets]); None: it is traced with its neighbours.
     """
 
     recompute: bool = False
@@ -68,6 +71,7 @@ class SegmentAction:
     input_batch_dims: tuple[int | None, ...] = ()
     output_batch_dims: tuple[int, ...] = ()
     selective: bool = False
+    region_fraction: float | None = None
 
 
 KEEP = SegmentAction()
@@ -104,15 +108,17 @@ class SegmentRunner:
     def __call__(self, *inputs: Any) -> Any:
         if self.observer is not None:
             self.observer.segment_started(self.index)
-        if not self.action.recompute:
-            outputs = self.module(*inputs)
-        elif self.action.num_chunks <= 1:
-            outputs = self._checkpointed(*inputs)
-        else:
-            outputs = self._chunked(inputs)
+        outputs = in_own_graph(self.action.region_fraction, lambda: self._run(inputs))
         if self.observer is not None:
             self.observer.segment_finished(self.index, inputs, outputs)
         return outputs
+
+    def _run(self, inputs: tuple[Any, ...]) -> Any:
+        if not self.action.recompute:
+            return self.module(*inputs)
+        if self.action.num_chunks <= 1:
+            return self._checkpointed(*inputs)
+        return self._chunked(inputs)
 
     def _checkpointed(self, *inputs: Any) -> Any:
         if torch.compiler.is_compiling():
@@ -222,7 +228,7 @@ def build_segmented_module(
         elif node.op in COMPUTE_OPS:
             index = segment_of[node.name]
             action = actions[index]
-            if not action.recompute and observer is None:
+            if not action.recompute and action.region_fraction is None and observer is None:
                 env[node.name] = graph.node_copy(node, lookup)
             elif index not in emitted:
                 emitted.add(index)
