@@ -497,6 +497,23 @@ MUTATIONS = (
         ("tests/planner/test_region_budgets.py",),
     ),
     Mutation(
+        "region-budget-ignored-by-backend",
+        "the backend compiles a region's graph at the step's fraction, not the region's",
+        "autockpt/planner/runtime/compiled_backend.py",
+        "        budget = own if own is not None else fraction",
+        "        budget = fraction",
+        ("tests/planner/test_region_budgets.py",),
+    ),
+    Mutation(
+        "region-through-torch-annotation",
+        "regions are annotated with torch's region_activation_memory_budget, which rejects "
+        "a graph with dropout (inductor's seed op is not annotated)",
+        "autockpt/planner/runtime/compiled_backend.py",
+        "    with fx_traceback.annotate({REGION_KEY: float(fraction)}):",
+        "    with torch.autograd.graph.region_activation_memory_budget(fraction):",
+        ("tests/planner/test_region_budgets.py",),
+    ),
+    Mutation(
         "region-budget-not-passed",
         "apply drops the plan's per-segment compile budgets",
         "autockpt/planner/apply.py",
