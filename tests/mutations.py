@@ -514,6 +514,15 @@ MUTATIONS = (
         ("tests/planner/test_region_budgets.py",),
     ),
     Mutation(
+        "region-tries-past-no-gain",
+        "the compiled search keeps handing segments to regions when regions peak no lower, "
+        "spending the compiles the eager plans need",
+        "autockpt/planner/compiled_search.py",
+        "        if candidate.peak_bytes >= lowest_bytes:",
+        "        if False:",
+        ("tests/planner/test_region_budgets.py",),
+    ),
+    Mutation(
         "region-budget-not-passed",
         "apply drops the plan's per-segment compile budgets",
         "autockpt/planner/apply.py",

@@ -209,8 +209,9 @@ def _try_regions(
 ) -> None:
     """Candidate 3 of NOTE [Compiled plans]: segments in graphs of their own at region budget
     0, chosen to free the plain compiled step's overshoot, more while the compiled step still
-    peaks over the budget."""
+    peaks over the budget and each try peaks lower than the last."""
     free_bytes = plain_peak_bytes - budget_bytes
+    lowest_bytes = plain_peak_bytes
     tried: list[list[SegmentPlan]] = []
     for _ in range(3):
         plan = regions_to_free(plain_plan, free_bytes)
@@ -220,6 +221,13 @@ def _try_regions(
         candidate = attempt(plan, 1.0)
         if candidate is None or candidate.peak_bytes <= budget_bytes:
             return
+        # NOTE: where graphs of their own peak no lower than one graph (the breaks cost the
+        # fusion across them more than the regions give back: the TFT's 6 segments at 0 peak
+        # 6.14 MiB against 5.68 in one graph), more of them will not either: the compiles left
+        # go to the eager planner's plans.
+        if candidate.peak_bytes >= lowest_bytes:
+            return
+        lowest_bytes = candidate.peak_bytes
         # The regions freed less compiled than the eager count said: free the rest too.
         free_bytes += candidate.peak_bytes - budget_bytes
 

@@ -18,7 +18,12 @@ from torch import nn
 
 import autockpt
 from autockpt.cli.report import print_plan
-from autockpt.planner.compiled_search import REGION_FRACTION, regions_to_free
+from autockpt.planner.compiled_search import (
+    REGION_FRACTION,
+    Candidate,
+    _try_regions,
+    regions_to_free,
+)
 from tests.oracle import profiled_peak_bytes
 
 BATCH, WIDTH = 1024, 128
@@ -155,6 +160,34 @@ def test_regions_are_chosen_by_bytes_freed_per_second_until_the_overshoot_is_fre
         update={"segments": [s.model_copy(update={"saved_bytes": 0}) for s in plain.segments]}
     )
     assert regions_to_free(nothing_frees, 1) is None
+
+
+def test_region_tries_stop_when_graphs_of_their_own_peak_no_lower(workload) -> None:
+    """Where regions cost more (broken fusion) than they free, the compiles left go to the
+    eager planner's plans: one region try, not three."""
+    _, _, _, plain = workload
+    # An overshoot about one segment's eager count: later tries hand over more.
+    cheapest_gain = max(s.saved_bytes - s.boundary_bytes for s in plain.segments)
+    plain_peak = 10_000_000
+    budget = plain_peak - cheapest_gain
+
+    def tries(peaks: list[int]) -> list[Candidate]:
+        made: list[Candidate] = []
+
+        def attempt(plan: autockpt.Plan, fraction: float) -> Candidate:
+            made.append(Candidate(plan, fraction, peak_bytes=peaks[len(made)]))
+            return made[-1]
+
+        _try_regions(plain, plain_peak, budget, attempt)
+        return made
+
+    assert len(tries([plain_peak + 1, 0, 0])) == 1
+    lowering = tries([plain_peak - 1, plain_peak - 2, plain_peak - 3])
+    assert len(lowering) >= 2
+    # Each try hands more segments over than the last.
+    handed = [sum(s.compile_fraction is not None for s in c.plan.segments) for c in lowering]
+    assert handed == sorted(set(handed)), handed
+    assert len(tries([budget, 0, 0])) == 1
 
 
 def test_the_report_gives_each_segment_its_compile_budget(workload) -> None:
