@@ -167,9 +167,9 @@ def test_region_tries_stop_when_graphs_of_their_own_peak_no_lower(workload) -> N
     eager planner's plans: one region try, not three."""
     _, _, _, plain = workload
     # An overshoot about one segment's eager count: later tries hand over more.
-    cheapest_gain = max(s.saved_bytes - s.boundary_bytes for s in plain.segments)
+    largest_gain = max(s.saved_bytes - s.boundary_bytes for s in plain.segments)
     plain_peak = 10_000_000
-    budget = plain_peak - cheapest_gain
+    budget = plain_peak - largest_gain
 
     def tries(peaks: list[int]) -> list[Candidate]:
         made: list[Candidate] = []
