@@ -24,7 +24,12 @@ terms (the budget counts everything the step holds). Time is the median over ``-
 of each run's median over ``--steps`` steps; the strategies take turns, the order rotating
 every round, so all see the same machine load.
 
+On CUDA (``--device cuda``) the peak is the allocator's own count instead (the most bytes its
+tensors held plus what it reserved beyond them, as the compiled search counts it) and every
+timed step ends with a synchronise.
+
     python benchmarks/compile_budget.py [--only tft,nanogpt] [--runs 3] [--steps 5]
+    python benchmarks/compile_budget.py --device cuda --only tft,nanogpt
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 import torch
+from torch.utils._pytree import tree_map
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the zoo lives in the tests package
@@ -74,21 +80,32 @@ class Workload:
     targets: tuple[Any, ...]
     loss_fn: Callable[..., torch.Tensor]
     loss_reduction: Literal["mean", "sum"]
+    device: torch.device
+
+    def sync(self) -> None:
+        """Wait for the device's queued kernels (a CUDA step returns before they have run)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
 
-def tft_workload(preset: str, batch_size: int) -> Workload:
+def _on(device: torch.device, value: Any) -> Any:
+    return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, value)
+
+
+def tft_workload(preset: str, batch_size: int, device: torch.device) -> Workload:
     config = get_preset(preset, batch_size=batch_size, dropout=0.1)
     torch.manual_seed(0)
-    inputs, targets = tft_batch(config, batch_size)
-    model = TemporalFusionTransformer(config)
-    return Workload(f"tft {preset}", model, inputs, targets, tft_loss, "sum")
+    inputs, targets = _on(device, tft_batch(config, batch_size))
+    model = TemporalFusionTransformer(config).to(device)
+    return Workload(f"tft {preset}", model, inputs, targets, tft_loss, "sum", device)
 
 
-def zoo_workload(name: str) -> Workload:
+def zoo_workload(name: str, device: torch.device) -> Workload:
     case = ZOO[name]
-    inputs, targets = case.batch(case.bench_batch_size)
+    inputs, targets = _on(device, case.batch(case.bench_batch_size))
     loss_fn = case.loss_fn or default_loss
-    return Workload(name, case.build(), inputs, targets, loss_fn, case.loss_reduction)
+    model = case.build().to(device)
+    return Workload(name, model, inputs, targets, loss_fn, case.loss_reduction, device)
 
 
 @dataclass
@@ -133,6 +150,7 @@ def measured(strategy: Strategy, work: Workload) -> Strategy:
     """The strategy after a first step (where compiling happens) and its profiled peak."""
     started = time.perf_counter()
     strategy.step(work)
+    work.sync()
     strategy.compile_s = time.perf_counter() - started
     # Counted from a step's start with no gradients held, as the trainer's steps start: the
     # profiler does not report freeing a block allocated before it started, so gradients
@@ -141,7 +159,7 @@ def measured(strategy: Strategy, work: Workload) -> Strategy:
     batch = (*work.inputs, *work.targets)
     strategy.peak_bytes = resident_bytes(
         strategy.model, strategy.optimizer, batch
-    ) + allocator_peak_bytes(lambda: strategy.step(work), torch.device("cpu"))
+    ) + allocator_peak_bytes(lambda: strategy.step(work), work.device)
     return strategy
 
 
@@ -235,8 +253,10 @@ def time_round_robin(strategies: Sequence[Strategy], work: Workload, runs: int, 
         per_step: dict[str, list[float]] = {s.name: [] for s in strategies}
         for _ in range(steps):
             for strategy in order:
+                work.sync()
                 started = time.perf_counter()
                 strategy.step(work)
+                work.sync()
                 per_step[strategy.name].append(time.perf_counter() - started)
         for strategy in strategies:
             strategy.step_s.append(statistics.median(per_step[strategy.name]))
@@ -288,11 +308,19 @@ def one_model(work: Workload, runs: int, steps: int, attempts: int) -> list[str]
     return rows
 
 
-def workloads(names: Sequence[str], tft_preset: str, tft_batch_size: int) -> list[Workload]:
+def workloads(
+    names: Sequence[str], tft_preset: str, tft_batch_size: int, device: torch.device
+) -> list[Workload]:
     return [
-        tft_workload(tft_preset, tft_batch_size) if name == "tft" else zoo_workload(name)
+        tft_workload(tft_preset, tft_batch_size, device)
+        if name == "tft"
+        else zoo_workload(name, device)
         for name in names
     ]
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -304,7 +332,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--attempts", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available; run without it (the CPU)")
     torch.set_num_threads(args.threads)
     torch._dynamo.config.cache_size_limit = 64  # several copies of one model class, compiled
     names = [name.strip() for name in args.only.split(",") if name.strip()]
@@ -312,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"--only {','.join(unknown)}: not a zoo model (or 'tft')")
     print(
-        f"torch {torch.__version__}, {args.threads} thread(s), medians of {args.runs} runs "
+        f"torch {torch.__version__} on {_device_name(device)}, {args.threads} thread(s), medians of {args.runs} runs "
         f"of {args.steps} steps",
         flush=True,
     )
@@ -321,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
         "| plan | notes |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for work in workloads(names, args.tft_preset, args.tft_batch_size):
+    for work in workloads(names, args.tft_preset, args.tft_batch_size, device):
         rows += one_model(work, args.runs, args.steps, args.attempts)
     print("\n".join(rows))
 

@@ -489,6 +489,15 @@ MUTATIONS = (
         ("tests/planner/test_compiled_plan.py",),
     ),
     Mutation(
+        "compiled-context-dropped",
+        "the compiled search leaves the CUDA context out of each candidate's peak, so a step "
+        "that fits by its tensors is taken on a card it overflows",
+        "autockpt/planner/compiled_search.py",
+        "            self.context_bytes + resident + allocator_peak_bytes(step, self.device)",
+        "            resident + allocator_peak_bytes(step, self.device)",
+        ("tests/planner/test_compiled_plan.py",),
+    ),
+    Mutation(
         "region-budget-not-applied",
         "a segment given a region budget is compiled in the step's graph at the step's fraction",
         "autockpt/planner/runtime/compiled_backend.py",

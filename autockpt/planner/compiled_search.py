@@ -22,6 +22,11 @@ candidate and measures its real step, with the allocator's count (NOTE in
    budget lowered by the overshoot;
 5. that plan compiled at the fractions too, while compiles remain.
 
+On CUDA a budget is what ``nvidia-smi`` shows, as for an eager plan: a candidate's peak is
+the CUDA context (the eager plan's ``context_bytes``) plus the bytes resident at the step's
+start plus the allocator's count, which takes in what it reserves beyond its tensors (so no
+headroom share is added).
+
 The fastest candidate that fits wins; at most ``max_compiles`` compiles are made, and the
 plan's notes say how many and how long they took, and each candidate's peak and step time.
 A budget no candidate meets is refused with the lowest peak measured as the minimum.
@@ -157,8 +162,10 @@ class _Runner:
         loss_fn: Callable[..., torch.Tensor],
         optimizer_spec: object,
         device: torch.device,
+        context_bytes: int,
     ) -> None:
         self.model = copy.deepcopy(model).train()
+        self.context_bytes = context_bytes
         self.inputs, self.targets, self.loss_fn, self.device = inputs, targets, loss_fn, device
         self.optimizer = make_optimizer(optimizer_spec, list(self.model.parameters()))  # type: ignore[arg-type]
         if self.optimizer is not None:
@@ -197,7 +204,9 @@ class _Runner:
             times.append(time.perf_counter() - started)
         candidate.step_s = statistics.median(times)
         resident = resident_bytes(self.model, self.optimizer, (*self.inputs, *self.targets))
-        candidate.peak_bytes = resident + allocator_peak_bytes(step, self.device)
+        candidate.peak_bytes = (
+            self.context_bytes + resident + allocator_peak_bytes(step, self.device)
+        )
         return candidate
 
 
@@ -290,7 +299,13 @@ def plan_compiled(
         warnings.simplefilter("ignore")
         plain_plan = eager_plan(None)
     runner = _Runner(
-        model, example_inputs, example_targets, loss_fn or default_loss, optimizer, device
+        model,
+        example_inputs,
+        example_targets,
+        loss_fn or default_loss,
+        optimizer,
+        device,
+        plain_plan.breakdown.context_bytes,
     )
     tried: list[Candidate] = []
     notes: list[str] = []
@@ -350,7 +365,8 @@ def _compiled_plan(
     base = chosen.plan
     breakdown = base.breakdown
     held = (
-        breakdown.parameters_bytes
+        breakdown.context_bytes
+        + breakdown.parameters_bytes
         + breakdown.gradients_bytes
         + breakdown.optimizer_state_bytes
         + breakdown.inputs_bytes
@@ -368,14 +384,14 @@ def _compiled_plan(
             "unplanned_step_s": plain.step_s,
             "fits": True,
             "planning_s": base.planning_s + search_s,
-            # The eager breakdown's parts the step holds from the start, and the rest of the
-            # measured compiled peak as activations: inductor's buffers are not attributed.
+            # The eager breakdown's parts the step holds from the start (the CUDA context
+            # among them), and the rest of the measured compiled peak as activations:
+            # inductor's buffers are not attributed, and the allocator's slack is in the count.
             "breakdown": PeakBreakdown(
                 **{
                     **breakdown.model_dump(),
                     "activations_bytes": max(chosen.peak_bytes - held, 0),
                     "transient_bytes": 0,
-                    "context_bytes": 0,
                     "headroom_bytes": 0,
                 }
             ),

@@ -17,6 +17,7 @@ from torch import nn
 
 import autockpt
 from autockpt.errors import ConfigError, InfeasibleBudgetError
+from autockpt.planner import pipeline
 from tests.oracle import profiled_peak_bytes
 
 BATCH, WIDTH = 512, 256
@@ -126,6 +127,35 @@ def test_a_budget_no_compiled_step_meets_is_refused_with_the_lowest_peak(workloa
     assert "\n" not in message and "compiled step" in message
     assert caught.value.minimum_bytes > 10_000
     assert f"{caught.value.minimum_bytes / 2**20:.2f} MiB" in message
+
+
+@pytest.mark.slow
+def test_the_device_context_counts_in_every_compiled_step(workload, monkeypatch) -> None:
+    """On CUDA a budget is what nvidia-smi shows, the CUDA context included, for a compiled
+    plan as for an eager one. Emulated on the CPU: a context the eager planner takes off the
+    budget must be in each compiled candidate's peak, or a step that fits by its tensors alone
+    is taken on a card it overflows."""
+    model, x, y = workload
+    plain = _plan(model, x, y, 10**12)
+    context = 64 * 2**20
+    monkeypatch.setattr(pipeline, "device_reserve", lambda device: (context, 0.0))
+    counted = _plan(model, x, y, 10**12)
+    assert counted.breakdown.context_bytes == context
+    assert counted.predicted_peak_bytes - context == pytest.approx(
+        plain.predicted_peak_bytes, rel=0.02
+    )
+    over_with_context = plain.predicted_peak_bytes + context // 2
+    with pytest.raises(InfeasibleBudgetError) as caught:
+        autockpt.plan(
+            model,
+            (x,),
+            over_with_context,
+            loss_fn=loss_fn,
+            example_targets=(y,),
+            compile=True,
+            max_compiles=1,
+        )
+    assert caught.value.minimum_bytes > context
 
 
 def test_compile_refuses_what_its_real_steps_cannot_run(workload) -> None:

@@ -5,6 +5,8 @@ Run on a machine with a GPU (``pytest -m gpu``); skipped elsewhere.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -97,3 +99,50 @@ def test_mlp_gradients_match_on_cuda():
     planned(*inputs).sum().backward()
     for name, parameter in model.named_parameters():
         torch.testing.assert_close(parameter.grad, want[name], msg=name)
+
+
+def test_a_compiled_plan_holds_its_budget_as_nvidia_smi_would_show_it():
+    """``plan(..., compile=True)`` on CUDA: what the device shows in use after a planned step
+    (the CUDA context, loaded kernels and every block the caching allocator kept from the
+    step's peak; nothing empties the cache after it) stays under the budget, counted by the
+    driver, not the allocator; the gradients are the eager step's."""
+    torch.manual_seed(0)
+    model = MLPStack(1024, 6, dropout=0.0).cuda()
+    x, y = torch.randn(65536, 1024, device="cuda"), torch.randn(65536, 1, device="cuda")
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(output, target)
+
+    def compiled_plan(budget: int) -> autockpt.Plan:
+        return autockpt.plan(
+            model, (x,), budget, loss_fn=loss_fn, example_targets=(y,), compile=True
+        )
+
+    plain = compiled_plan(10**13)
+    context = plain.breakdown.context_bytes
+    assert context > 0
+    budget = context + int((plain.unplanned_peak_bytes - context) * 0.75)
+    plan = compiled_plan(budget)
+    planned = autockpt.apply(model, plan)
+    reference = copy.deepcopy(model)
+    loss_fn(reference(x), y).backward()
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        autockpt.training_step(planned, plan, (x,), (y,), loss_fn)
+        optimizer.step()
+
+    step()  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    step()
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    print(f"budget {budget}, predicted {plan.predicted_peak_bytes}, shown {total - free}")
+    assert total - free <= budget
+    for name, parameter in reference.named_parameters():
+        torch.testing.assert_close(
+            dict(model.named_parameters())[name].grad, parameter.grad, rtol=1e-3, atol=1e-5
+        )
