@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import autockpt
@@ -27,6 +28,30 @@ class MLPStack(nn.Module):
         for block in self.blocks:
             x = x + block(x)  # (B, W)
         return self.head(x)  # (B, 1)
+
+
+class GatedBlocks(nn.Module):
+    """Residual blocks whose interior (four times the residual's width) is what a step keeps:
+    functional activations, a dict output, the way users write them."""
+
+    WIDTH = 128
+
+    def __init__(self, depth: int = 3, dropout: float = 0.0) -> None:
+        super().__init__()
+        width = self.WIDTH
+        self.dropout = dropout
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(depth))
+        self.ups = nn.ModuleList(nn.Linear(width, 4 * width) for _ in range(depth))
+        self.gates = nn.ModuleList(nn.Linear(width, 4 * width) for _ in range(depth))
+        self.downs = nn.ModuleList(nn.Linear(4 * width, width) for _ in range(depth))
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        for norm, up, gate, down in zip(self.norms, self.ups, self.gates, self.downs, strict=True):
+            h = norm(x)
+            inner = F.dropout(F.silu(gate(h)) * torch.tanh(up(h)), self.dropout, self.training)
+            x = x + down(inner)
+        return {"prediction": self.head(x)}
 
 
 class EncoderBlock(nn.Module):

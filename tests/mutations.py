@@ -489,6 +489,15 @@ MUTATIONS = (
         ("tests/planner/test_compiled_plan.py",),
     ),
     Mutation(
+        "chunks-in-one-compiled-graph",
+        "compiled, a chunked segment's chunks share the step's graph, so inductor rebuilds "
+        "every chunk before the gradients need them",
+        "autockpt/planner/runtime/segment_runners.py",
+        "            pieces.append(graph_of_its_own(self._checkpointed, *chunk_inputs))",
+        "            pieces.append(self._checkpointed(*chunk_inputs))",
+        ("tests/planner/test_compile.py",),
+    ),
+    Mutation(
         "compiled-context-dropped",
         "the compiled search leaves the CUDA context out of each candidate's peak, so a step "
         "that fits by its tensors is taken on a card it overflows",

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import autockpt
-from tests.helpers import BatchNormNet, MLPStack
+from tests.helpers import BatchNormNet, GatedBlocks, MLPStack
+from tests.oracle import profiled_peak_bytes
 from tests.styles import BATCH, WIDTH, DictBatchNet, FunctionalDropoutNet, TinyGPT
 
 #: A backend that runs AOTAutograd (which takes the checkpointed regions apart) without
@@ -78,9 +80,14 @@ def test_compiled_plan_keeps_the_compiled_models_gradients(mlp_plans, kind):
     planned_parameters = dict(planned_model.named_parameters())
     for name, parameter in reference.named_parameters():
         torch.testing.assert_close(planned_parameters[name].grad, parameter.grad, msg=name)
-    # Each recomputed segment (each chunk of it) is one checkpointed region of the graph.
+    # Each recomputed segment (each chunk of it) is one checkpointed region of the graph; each
+    # chunk is a graph of its own (NOTE [Chunks under torch.compile]).
     expected = sum(s.num_chunks for s in plan.segments if s.recomputed)
-    assert regions and set(regions) == {expected}
+    if any(s.num_chunks > 1 for s in plan.segments):
+        # Dynamo compiles a chunk's graph once and calls it for every chunk of its shape.
+        assert regions and max(regions) == 1, regions
+    else:
+        assert regions and set(regions) == {expected}
 
 
 def test_compiled_batchnorm_plan_updates_statistics_once():
@@ -143,3 +150,44 @@ def test_inductor_compiles_a_recomputing_plan_with_the_compiled_models_gradients
     planned_parameters = dict(planned_model.named_parameters())
     for name, parameter in reference.named_parameters():
         torch.testing.assert_close(planned_parameters[name].grad, parameter.grad, msg=name)
+
+
+@pytest.mark.slow
+def test_inductor_rebuilds_one_chunk_at_a_time_as_eager_does():
+    """NOTE [Chunks under torch.compile]: in one compiled graph inductor recomputed every
+    chunk before the gradients needed them, and the chunked plan peaked above its eager
+    prediction (about 6.5 MiB over here, 2.6x on the TFT ``tft-225``); each chunk in a graph
+    of its own keeps the compiled step under it, with the eager model's gradients."""
+    torch.manual_seed(0)
+    model, x, y = GatedBlocks(), torch.randn(2048, GatedBlocks.WIDTH), torch.randn(2048, 4)
+
+    def loss_fn(output: dict[str, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(output["prediction"], target)
+
+    def plan_at(budget: int, **options: Any) -> autockpt.Plan:
+        return autockpt.plan(
+            model, (x,), budget, loss_fn=loss_fn, example_targets=(y,), optimizer=None, **options
+        )
+
+    unplanned = plan_at(10**12, use_gradient_checkpointing=False)
+    lowest = plan_at(unplanned.predicted_peak_bytes, allow_chunks=False).minimum_feasible_bytes
+    plan = plan_at(int(lowest * 0.8), allow_micro_batches=False)
+    assert plan.fits and all(s.num_chunks > 1 for s in plan.segments if s.recomputed)
+    reference = copy.deepcopy(model)
+    loss_fn(reference(x), y).backward()
+    planned = autockpt.apply(model, plan)
+    planned.compile()
+
+    def step() -> None:
+        loss_fn(planned(x), y).backward()
+
+    step()  # compiles
+    model.zero_grad(set_to_none=True)
+    resident = sum(t.nbytes for t in (*model.parameters(), x, y))
+    peak = resident + profiled_peak_bytes(step)
+    assert peak <= plan.predicted_peak_bytes, (peak, plan.predicted_peak_bytes)
+    planned_parameters = dict(model.named_parameters())
+    for name, parameter in reference.named_parameters():
+        torch.testing.assert_close(
+            planned_parameters[name].grad, parameter.grad, rtol=1e-4, atol=1e-6, msg=name
+        )

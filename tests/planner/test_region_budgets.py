@@ -24,30 +24,10 @@ from autockpt.planner.compiled_search import (
     _try_regions,
     regions_to_free,
 )
+from tests.helpers import GatedBlocks
 from tests.oracle import profiled_peak_bytes
 
-BATCH, WIDTH = 1024, 128
-
-
-class GatedBlocks(nn.Module):
-    """Residual blocks whose interior (four times the residual's width) is what a step keeps:
-    functional activations, a dict output, the way users write them."""
-
-    def __init__(self, depth: int = 3, dropout: float = 0.0) -> None:
-        super().__init__()
-        self.dropout = dropout
-        self.norms = nn.ModuleList(nn.LayerNorm(WIDTH) for _ in range(depth))
-        self.ups = nn.ModuleList(nn.Linear(WIDTH, 4 * WIDTH) for _ in range(depth))
-        self.gates = nn.ModuleList(nn.Linear(WIDTH, 4 * WIDTH) for _ in range(depth))
-        self.downs = nn.ModuleList(nn.Linear(4 * WIDTH, WIDTH) for _ in range(depth))
-        self.head = nn.Linear(WIDTH, 4)
-
-    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        for norm, up, gate, down in zip(self.norms, self.ups, self.gates, self.downs, strict=True):
-            h = norm(x)
-            inner = F.dropout(F.silu(gate(h)) * torch.tanh(up(h)), self.dropout, self.training)
-            x = x + down(inner)
-        return {"prediction": self.head(x)}
+BATCH, WIDTH = 1024, GatedBlocks.WIDTH
 
 
 def loss_fn(output: dict[str, torch.Tensor], target: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,13 @@ from typing import Any, TypeVar
 import torch
 import torch.fx.traceback as fx_traceback
 
-__all__ = ["compile_in_place", "in_own_graph", "inductor_at", "region_fraction_of"]
+__all__ = [
+    "compile_in_place",
+    "graph_of_its_own",
+    "in_own_graph",
+    "inductor_at",
+    "region_fraction_of",
+]
 
 _Result = TypeVar("_Result")
 
@@ -91,5 +97,17 @@ def in_own_graph(fraction: float | None, run: Callable[[], _Result]) -> _Result:
     torch._dynamo.graph_break()
     with fx_traceback.annotate({REGION_KEY: float(fraction)}):
         result = run()
+    torch._dynamo.graph_break()
+    return result
+
+
+def graph_of_its_own(run: Callable[..., _Result], *args: Any) -> _Result:
+    """``run(*args)``; while compiling, as a graph of its own (a graph break before it and one
+    after), so that its backward is a compiled call of its own too, which the autograd engine
+    runs when the gradients reach it (NOTE [Chunks under torch.compile])."""
+    if not torch.compiler.is_compiling():
+        return run(*args)
+    torch._dynamo.graph_break()
+    result = run(*args)
     torch._dynamo.graph_break()
     return result
