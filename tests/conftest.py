@@ -1,6 +1,9 @@
 """Shared test fixtures: a fixed torch seed for every test, the bundled sample file, and a
-fixed time model for tests that need the planner to choose the same plan every run."""
+fixed time model for tests that need the planner to choose the same plan every run; and, where
+``AUTOCKPT_SKIPPED_TESTS`` names a file, the name of every test or module that skipped is added
+to it (``.ci/run`` runs those again once the extras are installed)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -45,3 +48,20 @@ def fixed_time_model(monkeypatch: pytest.MonkeyPatch) -> TimeModel:
     monkeypatch.setattr(pipeline, "calibrate", lambda *_args, **_kwargs: FIXED_TIME_MODEL)
     monkeypatch.setattr(pipeline, "can_time", lambda *_args, **_kwargs: False)
     return FIXED_TIME_MODEL
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    _note_skipped(report)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _note_skipped(report)
+
+
+def _note_skipped(report: pytest.CollectReport | pytest.TestReport) -> None:
+    # A module that skips at import (pytest.importorskip of an extra) reports it on collection;
+    # a test that skips in its body or fixtures, on its run.
+    path = os.environ.get("AUTOCKPT_SKIPPED_TESTS")
+    if path and report.skipped:
+        with open(path, "a", encoding="utf-8") as skipped:
+            skipped.write(report.nodeid + "\n")

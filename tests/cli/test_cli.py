@@ -14,7 +14,6 @@ import torch
 
 import autockpt
 from autockpt.cli import main
-from autockpt.training.runs import BEST_FILE, LAST_FILE
 from autockpt.training.settings import SAMPLE_DATA
 
 TINY = ["--preset", "tiny"]
@@ -197,19 +196,6 @@ def test_make_data_writes_bars(tmp_path: Path, capsys: pytest.CaptureFixture[str
     table = pq.read_table(path)
     assert table.num_rows == 2 * 1380
     assert "log_return_lag0" in table.column_names
-
-
-@pytest.mark.slow
-def test_demo_plans_and_trains_on_the_sample(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "demo"
-    args = ["demo", "--out", str(out), "--epochs", "1", "--max-steps-per-epoch", "2"]
-    code, stdout, err = run_cli(args, capsys)
-    assert code == 0, err
-    assert "planning for" in stdout
-    assert "using the bundled sample" in stdout
-    assert (out / LAST_FILE).is_file() and (out / BEST_FILE).is_file()
 
 
 def test_three_step_train_on_the_sample(trained_run: Path) -> None:

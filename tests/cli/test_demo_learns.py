@@ -1,6 +1,7 @@
 """``autockpt demo`` on the bundled sample learns something a naive forecast does not: it
 finds the planted order flow (NOTE [Planted order flow] in ``tft.planted``), beats the naive
-forecasts, and ``interpret`` ranks the flow first among the past inputs."""
+forecasts, and ``interpret`` ranks the flow first among the past inputs. It also says what it
+planned and on what data, and writes a run folder."""
 
 from __future__ import annotations
 
@@ -10,14 +11,19 @@ import pytest
 
 from autockpt.cli import main
 from autockpt.training.interpret import interpret
-from autockpt.training.runs import RunFolder
+from autockpt.training.runs import BEST_FILE, LAST_FILE, RunFolder
 from autockpt.training.settings import SAMPLE_DATA
 
 
 @pytest.mark.slow
-def test_the_demo_beats_the_naive_forecasts_and_finds_the_planted_flow(tmp_path: Path) -> None:
+def test_the_demo_beats_the_naive_forecasts_and_finds_the_planted_flow(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "demo"
-    assert main(["demo", "--quiet", "--seed", "0", "--out", str(out)]) == 0
+    assert main(["demo", "--seed", "0", "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    assert "planning for" in stdout and "using the bundled sample" in stdout
+    assert (out / LAST_FILE).is_file() and (out / BEST_FILE).is_file()
     records = RunFolder(out).read_metrics()
     summary = next(r for r in records if r["kind"] == "summary")
     best = min((r for r in records if r["kind"] == "epoch"), key=lambda r: r["val_loss"])

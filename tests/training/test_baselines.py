@@ -95,7 +95,7 @@ def test_predict_scores_the_forecasts_it_writes_beside_the_naive_ones(tmp_path) 
     result = predict(run, SAMPLE_DATA, tmp_path / "forecasts.parquet", device="cpu")
     assert result.evaluation is not None
     # Read back from the file predict wrote, in target-transform units.
-    table = pq.read_table(result.path).to_pandas()
+    table = pq.read_table(result.path)
     actual, median = table["actual"].to_numpy(), table["q0.5"].to_numpy()
     assert result.evaluation.mae == pytest.approx(np.abs(median - actual).mean(), rel=1e-4)
     # No change forecasts a return of 0: its error is the return itself.

@@ -26,6 +26,17 @@ PLANTED = "flow"
 NOISE = 0.5
 
 
+def _next_return_in_stds(close: np.ndarray, symbols: np.ndarray) -> np.ndarray:
+    """Each bar's next log return within its symbol, in that symbol's sample standard
+    deviations of its returns; 0 at a symbol's last bar (rows of one symbol in file order)."""
+    following = np.zeros(len(close))
+    for symbol in np.unique(symbols):
+        rows = np.flatnonzero(symbols == symbol)
+        returns = np.diff(np.log(close[rows]))
+        following[rows[:-1]] = returns / returns.std(ddof=1)
+    return following
+
+
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A make-data file with a column that leads the return by one bar, and a run on it."""
@@ -33,14 +44,14 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     bars = folder / "bars.parquet"
     made = ["make-data", str(bars), "--days", "8", "--features", "4", "--symbols", "ES,NQ"]
     assert main([*made, "--seed", "3"]) == 0
-    table = pq.read_table(bars).to_pandas()
-    returns = np.log(table["close"]).groupby(table["symbol"]).diff()
-    following = returns.groupby(table["symbol"]).shift(-1).fillna(0.0)
+    table = pq.read_table(bars)
+    planted = _next_return_in_stds(
+        table["close"].to_numpy(), table["symbol"].to_numpy(zero_copy_only=False)
+    )
     noise = np.random.default_rng(0).standard_normal(len(table))
-    scale = returns.groupby(table["symbol"]).transform("std")
-    table[PLANTED] = (following / scale + NOISE * noise).astype("float32")
+    table = table.append_column(PLANTED, pa.array((planted + NOISE * noise).astype("float32")))
     path = folder / "planted.parquet"
-    pq.write_table(pa.Table.from_pandas(table, preserve_index=False), path)
+    pq.write_table(table, path)
     run = folder / "run"
     epochs = ["--preset", "tiny", "--epochs", "3", "--lr", "0.003", "--quiet", "--seed", "0"]
     assert main(["train", str(path), *epochs, "--out", str(run)]) == 0
