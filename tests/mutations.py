@@ -583,6 +583,49 @@ MUTATIONS = (
             "test_a_value_the_training_rows_never_had_is_the_unknown_category",
         ),
     ),
+    Mutation(
+        "function-traced-through",
+        "a custom autograd Function is traced through, its backward dropped (plain fx)",
+        "autockpt/planner/trace/autograd_regions.py",
+        "        if not _traces((args, kwargs)):",
+        "        if True:",
+        (
+            "tests/planner/trace/test_autograd_regions.py",
+            "tests/planner/test_user_steps.py",
+        ),
+    ),
+    Mutation(
+        "no-grad-region-dropped",
+        "a torch.no_grad region inside forward is traced as any other code",
+        "autockpt/planner/trace/autograd_regions.py",
+        '        (grad_mode.no_grad, "__enter__", no_grad_in),\n'
+        '        (grad_mode.no_grad, "__exit__", no_grad_out),\n',
+        "",
+        (
+            "tests/planner/trace/test_autograd_regions.py",
+            "tests/planner/test_user_steps.py",
+        ),
+    ),
+    Mutation(
+        "autocast-region-dropped",
+        "a torch.autocast region inside forward runs at the precision around the model",
+        "autockpt/planner/trace/autograd_regions.py",
+        '        (torch.amp.autocast_mode.autocast, "__enter__", autocast_entered),\n'
+        '        (torch.amp.autocast_mode.autocast, "__exit__", autocast_left),\n',
+        "",
+        (
+            "tests/planner/trace/test_autograd_regions.py",
+            "tests/planner/test_user_steps.py",
+        ),
+    ),
+    Mutation(
+        "item-in-loss-ends-planning",
+        "a loss that reads .item() on fake tensors gets no value (planning ends)",
+        "autockpt/planner/measure/fake_step.py",
+        "with FakeScalars() if mode is not None else contextlib.nullcontext():",
+        "with contextlib.nullcontext():",
+        ("tests/planner/test_user_steps.py", "tests/planner/core/test_fake_scalars.py"),
+    ),
 )
 
 

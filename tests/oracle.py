@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import autockpt
@@ -57,7 +58,10 @@ class LiveBytes(TorchDispatchMode):
         self._held: dict[int, tuple[int, weakref.ref[Any]]] = {}
 
     def hold(self, tensor: torch.Tensor) -> None:
-        """Count ``tensor``'s storage until it is freed (an address counts once)."""
+        """Count ``tensor``'s storage until it is freed (an address counts once); fake and
+        meta tensors hold no memory (planning makes many)."""
+        if tensor.device.type == "meta" or is_fake(tensor):
+            return
         storage = tensor.untyped_storage()
         address, size = storage.data_ptr(), storage.nbytes()
         if size == 0 or address in self._held:

@@ -13,7 +13,12 @@ module's own ``forward`` and that ``forward`` traces, the callback plans the ``f
   call (unpacking the batch, a cast) is all that runs, so it costs next to nothing.
 - *The loss.* The rest of the step is the loss: :class:`LossAfterForward` runs the whole
   ``training_step`` again with ``forward`` replaced by one that hands back the planned
-  ``forward``'s output, and reads the loss as Lightning does. The batch is the loss's target,
+  ``forward``'s output, and reads the loss as Lightning does. It runs on a copy of the module
+  that shares its parameters and buffers, so what the step's Python writes while planning
+  measures and times it (``self.history.append(loss.item())``, a torchmetrics metric's
+  ``update``) lands in the copy, not in the module Lightning trains; on fake tensors a value
+  the step reads (``loss.item()``, ``float(loss)``) is a healthy step's (NOTE [Values read
+  off fake tensors]). The batch is the loss's target,
   held through the step as Lightning holds it. A step that calls ``forward`` twice makes that
   stand-in raise, and the callback plans with module-level segments instead.
 - *Installing it.* ``autockpt.apply`` gives the planned module, a shallow copy sharing every
@@ -24,6 +29,7 @@ module's own ``forward`` and that ``forward`` traces, the callback plans the ``f
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -101,7 +107,7 @@ class LossAfterForward:
     forward])."""
 
     def __init__(self, module: torch.nn.Module, batch_idx: int, trainer: Any) -> None:
-        self.step = LightningStep(module, batch_idx, trainer)
+        self.step = LightningStep(_sharing_copy(module), batch_idx, trainer)
 
     def __call__(self, output: Any, batch: Any) -> torch.Tensor:
         calls = 0
@@ -118,6 +124,13 @@ class LossAfterForward:
 
         with _ForwardReplaced(self.step.module, stand_in):
             return step_loss(self.step(batch))
+
+
+def _sharing_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``module`` that shares its parameters and buffers: what the step's Python
+    writes while planning runs it (a loss history, a metric's state) lands in the copy."""
+    shared = {id(t): t for t in (*module.parameters(), *module.buffers())}
+    return copy.deepcopy(module, shared)
 
 
 class InstalledForward:

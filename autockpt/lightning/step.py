@@ -16,6 +16,8 @@ them out again. The planned submodules are shallow copies sharing every paramete
 
 from __future__ import annotations
 
+import contextlib
+import io
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -32,7 +34,8 @@ class LightningStep(torch.nn.Module):
     copied, and a ``training_step`` may read it (``self.trainer.state``, ``self.current_epoch``),
     so the step gives a copy the trainer back for the call: it is held through a weak
     reference, which ``copy.deepcopy`` shares instead of copying. ``self.log`` and
-    ``self.log_dict`` do nothing during the call, so measuring the step never logs a value.
+    ``self.log_dict`` do nothing during the call, and what it prints is dropped, so measuring
+    the step never logs or prints a value.
     """
 
     def __init__(self, module: torch.nn.Module, batch_idx: int, trainer: Any) -> None:
@@ -49,7 +52,10 @@ class LightningStep(torch.nn.Module):
         if state.get("_trainer") is None:
             state["_trainer"] = self._trainer_ref()
         try:
-            return module.training_step(batch, self.batch_idx)  # type: ignore[operator]
+            # What the step prints (a progress line with float(loss)) is planning's, not the
+            # user's: it goes nowhere, as its self.log calls do.
+            with contextlib.redirect_stdout(io.StringIO()):
+                return module.training_step(batch, self.batch_idx)  # type: ignore[operator]
         finally:
             for name, value in saved.items():
                 if value is _ABSENT:

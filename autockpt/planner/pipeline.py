@@ -160,6 +160,11 @@ def plan_one_process(
     )
     builder = ChainBuilder(traced, costs, measurer.batch_size)
     notes: list[str] = [traced.note] if isinstance(traced, ModuleChain) else list(traced.notes)
+    if measurer.whole_batch_reason:
+        notes.append(
+            "measured on a real copy at the whole batch, so planning holds about the plain "
+            f"step: the step refuses a few samples ({measurer.whole_batch_reason})"
+        )
     strategy: Strategy = "auto"
     if use_gradient_checkpointing is not None:
         strategy = "checkpoint-all" if use_gradient_checkpointing else "checkpoint-none"

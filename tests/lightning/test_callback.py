@@ -112,7 +112,7 @@ class StepPeak(pl.Callback):
 
 class EveryStepPeak(pl.Callback):
     """The highest peak over every training batch, each counted by LiveBytes from its start
-    (parameters, gradients, optimizer state, the batch) to its end."""
+    (parameters, gradients, optimizer state, the batch, however nested) to its end."""
 
     def __init__(self) -> None:
         self.counter: LiveBytes | None = None
@@ -121,7 +121,7 @@ class EveryStepPeak(pl.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.counter = LiveBytes()
         optimizer = trainer.optimizers[0]
-        for tensor in starting_tensors(pl_module, optimizer, list(batch)):
+        for tensor in starting_tensors(pl_module, optimizer, [batch]):
             self.counter.hold(tensor)
         self.counter.__enter__()
 

@@ -140,8 +140,9 @@ def _bert() -> nn.Module:
     return CausalOrMaskedLM(transformers.BertForMaskedLM(config))
 
 
-def _llama() -> nn.Module:
-    config = transformers.LlamaConfig(
+def llama_config() -> Any:
+    """A small Llama-style decoder (2 layers of width 64, grouped-query attention)."""
+    return transformers.LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=64,
         num_hidden_layers=2,
@@ -150,7 +151,10 @@ def _llama() -> nn.Module:
         intermediate_size=128,
         max_position_embeddings=64,
     )
-    return CausalOrMaskedLM(transformers.LlamaForCausalLM(config), use_cache=True)
+
+
+def _llama() -> nn.Module:
+    return CausalOrMaskedLM(transformers.LlamaForCausalLM(llama_config()), use_cache=True)
 
 
 @pytest.mark.parametrize(

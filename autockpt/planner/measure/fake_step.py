@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_map_only
 from torch.utils.flop_counter import flop_registry
 
 from autockpt.planner.core.batch_split import batch_size_of, split_batch
+from autockpt.planner.core.fake_scalars import FakeScalars
 from autockpt.planner.core.memory_tracker import (
     MemoryTracker,
     RealSizeOracle,
@@ -397,7 +398,9 @@ def profile_step(
                 output = planned(*piece)
                 recorder.forward_finished()
                 recorder.phase = "loss"
-                loss = loss_fn(output, *target_piece)
+                # NOTE [Values read off fake tensors]: a loss may read a value (.item()).
+                with FakeScalars() if mode is not None else contextlib.nullcontext():
+                    loss = loss_fn(output, *target_piece)
                 if num_micro_batches > 1:
                     # As ``training_step`` does: each piece's loss is scaled by its share of
                     # the batch (the scaled scalar and its gradient are live bytes too).

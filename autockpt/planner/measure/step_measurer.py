@@ -49,6 +49,9 @@ class StepMeasurer:
         batch_bytes: the bytes of the example batch, inputs and targets.
         planning_peak_bytes: the most real bytes a measured real step held, the caller's
             batch included (0 on fake tensors).
+        whole_batch_reason: why a real copy is measured at the whole batch although it does
+            not fit (the step refused a few samples: a loss that closes over the whole batch's
+            labels, say), or ``""``.
     """
 
     def __init__(
@@ -77,6 +80,7 @@ class StepMeasurer:
         self.planning_peak_bytes = 0
         self.room_bytes = room_bytes if room_bytes is not None else 2**62
         self.scaled: ScaledBatches | None = None
+        self.whole_batch_reason = ""
         self.batch_bytes = sum(
             {id(s): s.nbytes() for s in storages((example_inputs, example_targets))}.values()
         )
@@ -92,8 +96,10 @@ class StepMeasurer:
                     room_bytes=room_bytes,
                     held_bytes=self.batch_bytes,
                 )
-            except Exception:  # a model that refuses a few samples: measured whole
+            except Exception as error:  # a model that refuses a few samples: measured whole
                 self.scaled = None
+                first_line = str(error).splitlines()[0] if str(error) else ""
+                self.whole_batch_reason = f"{type(error).__name__}: {first_line}"
         self.kept = self._profile((example_inputs, example_targets), kept, 1, first=True)
 
     def measure(

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from autockpt.planner.trace.autograd_regions import changes_autograd
 from autockpt.planner.trace.fx_graph import Segment, TracedModel
 from autockpt.planner.trace.module_chain import ModuleChain
 
@@ -93,5 +94,10 @@ SELECTIVE = "recompute cheap ops"
 
 def may_recompute_selectively(traced: TracedModel | ModuleChain, segment: Segment) -> bool:
     """Whether ``segment`` may be recomputed selectively (NOTE [Selective recompute]): a
-    segment of a traced model that may be recomputed at all."""
-    return isinstance(traced, TracedModel) and not segment.keep_reason
+    segment of a traced model that may be recomputed at all, and holds no custom Function and
+    no grad-mode or autocast region (NOTE [Autograd in the traced graph]): the policy would
+    see the operations inside, not the Function or the region."""
+    if not isinstance(traced, TracedModel) or segment.keep_reason:
+        return False
+    nodes = {node.name: node for node in traced.graph_module.graph.nodes}
+    return not any(changes_autograd(nodes[name]) for name in segment.node_names)

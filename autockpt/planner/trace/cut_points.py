@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch.fx as fx
 
+from autockpt.planner.trace.autograd_regions import cuts_inside_regions
 from autockpt.planner.trace.inplace_writes import forbidden_cuts
 
 #: How much a byte crossing a cut counts against a byte of interior (NOTE [Cut points]), for
@@ -94,6 +95,8 @@ def choose_cuts(
     costs = _node_costs(compute_nodes, node_bytes, owners, target_num_segments)
     positions = {node.name: i for i, node in enumerate(compute_nodes)}
     forbidden = forbidden_cuts(positions, writes, placeholders)
+    # NOTE [Autograd in the traced graph]: a grad-mode or autocast region is never cut.
+    forbidden |= cuts_inside_regions(compute_nodes)
     allowed = [p for p in range(count + 1) if p not in forbidden or p in (0, count)]
     # Just after each in-place write to an input: what comes before it is only ever kept
     # (NOTE [In-place writes]), and should be no more than it must.

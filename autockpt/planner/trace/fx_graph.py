@@ -28,6 +28,11 @@ from autockpt.planner.core.output_structure import (
     needs_structure,
 )
 from autockpt.planner.core.train_eval import training_mode
+from autockpt.planner.trace.autograd_regions import (
+    applied_functions,
+    recording_autograd,
+    region_kinds,
+)
 from autockpt.planner.trace.cut_points import choose_cuts
 from autockpt.planner.trace.inplace_writes import WriteRecorder, keep_reason
 from autockpt.planner.trace.python_arguments import (
@@ -219,7 +224,22 @@ def trace_model(
         units=spans(cuts.units),
         unit_segments=build(cuts.units),
         opaque=opaque,
+        notes=_autograd_notes(graph),
     )
+
+
+def _autograd_notes(graph: fx.Graph) -> tuple[str, ...]:
+    """What the plan says of the Functions and regions the graph keeps (NOTE [Autograd in the
+    traced graph])."""
+    notes = []
+    if functions := applied_functions(graph):
+        notes.append(
+            "custom autograd Functions kept as one call each, with their own backward: "
+            + ", ".join(functions)
+        )
+    if regions := region_kinds(graph):
+        notes.append(f"{', '.join(regions)} regions inside forward kept, never cut")
+    return tuple(notes)
 
 
 def trace_graph(
@@ -236,7 +256,9 @@ def trace_graph(
     (NOTE [Modes and the traced graph]). The graph returns the output's tensors and its code
     rebuilds the output's types around them (NOTE [Output structure]). A forward that traces
     only with its plain Python arguments fixed at their defaults is traced so
-    (NOTE [Python arguments]).
+    (NOTE [Python arguments]). Custom autograd Functions are kept as one call each, and
+    grad-mode and autocast regions as nodes that switch the mode (NOTE [Autograd in the traced
+    graph]).
 
     Args:
         model: the model to trace.
@@ -249,7 +271,9 @@ def trace_graph(
     while True:
         tracer = _Tracer(opaque_paths)
         try:
-            with training_mode(model) if in_training_mode else contextlib.nullcontext():
+            modes = training_mode(model) if in_training_mode else contextlib.nullcontext()
+            # NOTE [Autograd in the traced graph]: Functions and regions become nodes.
+            with modes, recording_autograd(tracer):
                 graph = tracer.trace(model, concrete_args=constants or None)
             keep_specialized_names(graph, constants)
             if tracer.output_structure is not None:

@@ -1,0 +1,57 @@
+"""Python values read off fake tensors: what a loss's ``.item()`` gets while planning measures.
+
+NOTE [Values read off fake tensors]
+A fake tensor has a shape and no values, so ``loss.item()``, ``float(loss)``, ``bool(t)`` and
+``torch.equal`` on one raise a data-dependent error, and a loss written the way people write
+them (a finite check ``if not torch.isfinite(loss).item(): raise``, a running total of
+``loss.item()`` for a progress line, a Lightning step that logs ``loss.item()``) ended planning.
+The step's memory does not depend on such a value: it is read after the tensors are made, and
+what it decides (raise, log, print) allocates nothing the planner counts. So while the loss runs
+on fake tensors, :class:`FakeScalars` answers each read with a value that lets the step go on as
+a healthy training step would: ``True`` for a boolean (a finite check passes, a mask is not
+empty), ``1`` for an integer and ``1.0`` for a floating-point value (finite, non-zero). A real
+tensor read as it is (a scalar the loss closes over) gives its real value; what an op makes of
+it under the fake mode is fake, and reads as above. A branch on such a value
+that allocates (``if loss.item() > 10: loss = loss + extra``) is measured down the branch the
+value picks: the plan's verification on a real step (``autockpt.apply`` and ``verify``) is where
+that would show.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import _disable_current_modes
+
+from autockpt.planner.core.dispatch_mode import OpMode
+
+_READS = frozenset({torch.ops.aten._local_scalar_dense.default, torch.ops.aten.equal.default})
+
+
+class FakeScalars(OpMode):
+    """While active, a Python value read off a fake tensor is a healthy step's (NOTE [Values
+    read off fake tensors]); every other op runs as it would."""
+
+    def on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if func not in _READS:
+            return func(*args, **kwargs)
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if any(isinstance(t, FakeTensor) for t in tensors):
+            if func is torch.ops.aten.equal.default:
+                return True
+            return neutral_value(tensors[0].dtype)
+        with _disable_current_modes():  # a real tensor: its value
+            return func(*args, **kwargs)
+
+
+def neutral_value(dtype: torch.dtype) -> bool | int | float | complex:
+    """What a fake tensor of ``dtype`` reads as (NOTE [Values read off fake tensors])."""
+    if dtype == torch.bool:
+        return True
+    if dtype.is_complex:
+        return complex(1.0)
+    if dtype.is_floating_point:
+        return 1.0
+    return 1
