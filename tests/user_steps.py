@@ -329,6 +329,8 @@ class AuxiliaryOutput(nn.Module):
         super().__init__()
         self.body = _mlp(4)
         self.router = nn.Linear(WIDTH, 4)
+        with torch.no_grad():
+            self.router.weight.mul_(20.0)  # a router that has learned to prefer: loads differ
         self.head = nn.Linear(WIDTH, CLASSES)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -341,7 +343,7 @@ def _auxiliary_loss(
     output: tuple[torch.Tensor, torch.Tensor], labels: torch.Tensor
 ) -> torch.Tensor:
     logits, penalty = output
-    return F.cross_entropy(logits, labels) + 0.01 * penalty
+    return F.cross_entropy(logits, labels) + 0.1 * penalty
 
 
 # ------------------------------------------------------------- ways of writing a model
@@ -568,10 +570,11 @@ STEPS: dict[str, UserStep] = {
         ),
         UserStep(
             "auxiliary-tuple-output",
-            "a tuple output with a load-balancing penalty that mixes samples",
+            "a tuple output with a load-balancing penalty that mixes samples (no micro-batches)",
             _seeded(AuxiliaryOutput),
             lambda: _classes(15),
             _auxiliary_loss,
+            budget_share=0.7,
         ),
         UserStep(
             "tied-sdpa-language-model",
