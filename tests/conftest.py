@@ -62,6 +62,7 @@ def _note_skipped(report: pytest.CollectReport | pytest.TestReport) -> None:
     # A module that skips at import (pytest.importorskip of an extra) reports it on collection;
     # a test that skips in its body or fixtures, on its run.
     path = os.environ.get("AUTOCKPT_SKIPPED_TESTS")
-    if path and report.skipped:
+    # An expected failure reports as skipped too; it ran, and needs nothing more.
+    if path and report.skipped and not hasattr(report, "wasxfail"):
         with open(path, "a", encoding="utf-8") as skipped:
             skipped.write(report.nodeid + "\n")

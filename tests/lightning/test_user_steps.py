@@ -67,6 +67,20 @@ class HelperAndPrint(DilatedConvolutions):
         return loss
 
 
+class GuardedLogDict(DilatedConvolutions):
+    """A finite guard on the loss (``bool`` of a tensor), a sign accuracy, ``self.log_dict``."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        prediction = self(x)
+        loss = F.mse_loss(prediction, y)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss.item()} at batch {batch_idx}")
+        accuracy = (prediction.sign() == y.sign()).float().mean()
+        self.log_dict({"train_loss": loss, "train_sign_accuracy": accuracy})
+        return loss
+
+
 class _DictLoader(torch.utils.data.Dataset):
     def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self.x, self.y = x, y
@@ -88,8 +102,13 @@ def _loader(dict_batches: bool) -> torch.utils.data.DataLoader:
 
 @pytest.mark.parametrize(
     ("module_type", "dict_batches"),
-    [(ItemHistory, False), (MetricOnDictBatch, True), (HelperAndPrint, False)],
-    ids=["loss-item", "torchmetrics-dict-batch", "helper-float-print"],
+    [
+        (ItemHistory, False),
+        (MetricOnDictBatch, True),
+        (HelperAndPrint, False),
+        (GuardedLogDict, False),
+    ],
+    ids=["loss-item", "torchmetrics-dict-batch", "helper-float-print", "finite-guard-log-dict"],
 )
 def test_a_step_as_users_write_it_plans_its_forward_at_three_quarters(
     module_type: type[pl.LightningModule], dict_batches: bool
