@@ -17,21 +17,10 @@ from torch import nn
 import autockpt
 from autockpt.planner.trace.fx_graph import trace_graph
 from tests.oracle import measured_step
+from tests.user_steps import GradientReversal
 
 WIDTH = 64
 BATCH = 4096
-
-
-class GradientReversal(torch.autograd.Function):
-    """Domain-adversarial training's layer: the identity forward, the negated gradient back."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return -grad
 
 
 class StraightThroughClamp(torch.autograd.Function):
@@ -90,7 +79,7 @@ class UserStyleNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.before(x))
         if self.kind == "gradient reversal":
-            h = self.middle(GradientReversal.apply(h))
+            h = self.middle(GradientReversal.apply(h, 1.0))
         elif self.kind == "straight-through":
             h = self.middle(StraightThroughClamp.apply(3 * h))
         elif self.kind == "saved, non-differentiable":
@@ -197,7 +186,7 @@ def test_the_tracer_leaves_torch_as_it_found_it() -> None:
     assert torch.autograd.Function.__dict__["apply"] is apply
     assert torch.no_grad.__dict__["__enter__"] is enter
     x = torch.ones(2, requires_grad=True)
-    assert GradientReversal.apply(x).grad_fn is not None
+    assert GradientReversal.apply(x, 1.0).grad_fn is not None
 
 
 class _Failing(nn.Module):
