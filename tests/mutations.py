@@ -626,6 +626,33 @@ MUTATIONS = (
         "with contextlib.nullcontext():",
         ("tests/planner/test_user_steps.py", "tests/planner/core/test_fake_scalars.py"),
     ),
+    Mutation(
+        "timed-at-the-whole-batch",
+        "the real model is timed at the whole batch, whatever the budget (planning holds the "
+        "plain step)",
+        "autockpt/planner/timing/timing_room.py",
+        "samples = max(min(int((allowed - fixed) // grows_per_sample), batch_size), 0)",
+        "samples = batch_size",
+        ("tests/planner/timing/test_timing_room.py",),
+    ),
+    Mutation(
+        "whole-region-cut-without-its-batch-dims",
+        "a region recomputed whole is timed on part of the batch though its inputs' batch "
+        "dimensions are unknown (timing fails, every time is estimated)",
+        "autockpt/planner/timing/time_model.py",
+        "cut = samples < self.batch_size or samples > self.stopwatch.batch_size",
+        "cut = samples < self.batch_size",
+        ("tests/planner/timing/test_timing_room.py",),
+    ),
+    Mutation(
+        "timed-part-scaled-in-proportion",
+        "a step timed on part of the batch is scaled in proportion (its fixed cost grows with "
+        "the batch, micro-batches come out free)",
+        "autockpt/planner/timing/timing_room.py",
+        "    if high <= low:\n        return high_s * samples / max(high, 1)",
+        "    if True:\n        return high_s * samples / max(high, 1)",
+        ("tests/planner/timing/test_timing_room.py",),
+    ),
 )
 
 

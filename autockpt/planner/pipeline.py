@@ -41,13 +41,13 @@ Planning runs on the card the user said is full, so what it allocates counts as 
 plans. It allocates three kinds of real tensors: the real steps of a model measured on a real copy
 (NOTE [Scaled real measurement] in :mod:`autockpt.planner.measure.scaled_step`: at batches that fit
 90% of the budget's usable bytes), the time model's calibration (sized to half of what the budget leaves free;
-:func:`step_costs`) and, on the CPU for a traced model, the timed runs of the real model at the whole
-batch (NOTE [Measured step time]; on the CPU the budget stands for a card, and the host's memory
-pays for these). The plan reports the peak: on CUDA the caching allocator's count of tensor bytes
-from the start of planning; on the CPU, where no allocator counts, the largest of: the real steps as
-the planner's tracker counted them, the calibration's tensors beside the model and batch, and the
-timed plain step's real bytes (the kept step's, measured exactly on fake tensors, with the copies
-the optimizer's timing makes).
+:func:`step_costs`) and, on the CPU for a traced model, the timed runs of the real model, on the
+batch's leading samples whose real step fits the same 90% (NOTE [Timing at a batch that fits]).
+The plan reports the peak: on CUDA the caching allocator's count of tensor bytes from the start of
+planning; on the CPU, where no allocator counts, the largest of: the real steps as the planner's
+tracker counted them, the calibration's tensors beside the model and batch, and the timed runs'
+bound (the kept step's real bytes, measured exactly on fake tensors, read at the samples timed,
+and the copies the optimizer's timing makes).
 
 In code: :func:`plan_one_process` traces (step 1), measures the kept step
 (:class:`~autockpt.planner.measure.step_measurer.StepMeasurer`, step 2), sets up the step's costs
@@ -72,7 +72,6 @@ from dataclasses import dataclass
 import torch
 
 from autockpt.planner.core.units import Budget, format_bytes
-from autockpt.planner.measure.scaled_step import real_step_bytes
 from autockpt.planner.measure.step_measurer import StepMeasurer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec, StepProfile
 from autockpt.planner.plan_types import Plan, StepTimelines, Strategy
@@ -89,6 +88,7 @@ from autockpt.planner.timing.time_model import (
     MeasuredCosts,
     StepCosts,
 )
+from autockpt.planner.timing.timing_room import TimingRoom
 from autockpt.planner.trace.fx_graph import TracedModel
 from autockpt.planner.trace.module_chain import ModuleChain, Tracing, trace_or_find_modules
 
@@ -156,7 +156,11 @@ def plan_one_process(
     )
     kept = measurer.kept
     estimated, costs = step_costs(
-        measurer, device, cpu_threads=cpu_threads, room_bytes=calibration_room(usable_bytes, kept)
+        measurer,
+        device,
+        cpu_threads=cpu_threads,
+        room_bytes=calibration_room(usable_bytes, kept),
+        usable_bytes=usable_bytes,
     )
     builder = ChainBuilder(traced, costs, measurer.batch_size)
     notes: list[str] = [traced.note] if isinstance(traced, ModuleChain) else list(traced.notes)
@@ -213,17 +217,28 @@ def plan_one_process(
 
 
 def step_costs(
-    measurer: StepMeasurer, device: torch.device, *, cpu_threads: int, room_bytes: int
+    measurer: StepMeasurer,
+    device: torch.device,
+    *,
+    cpu_threads: int,
+    room_bytes: int,
+    usable_bytes: int,
 ) -> tuple[EstimatedCosts, StepCosts]:
     """The estimated costs, and the costs planning prices with: the step ``measurer`` measures
     timed on the real model where that is cheap, else the estimates (NOTE [Time model]).
 
-    The time model is calibrated within ``room_bytes`` (:func:`calibration_room`).
+    The time model is calibrated within ``room_bytes`` (:func:`calibration_room`); the real
+    model is timed on the samples whose step fits ``usable_bytes`` (NOTE [Timing at a batch
+    that fits]).
     """
     traced, kept = measurer.traced, measurer.kept
-    estimated = EstimatedCosts(calibrate(device.type, device.index, max_bytes=room_bytes), kept)
+    time_model = calibrate(device.type, device.index, max_bytes=room_bytes)
+    estimated = EstimatedCosts(time_model, kept)
     if not (isinstance(traced, TracedModel) and can_time(device, kept.peak_bytes)):
         return estimated, estimated
+    room = TimingRoom.within(traced, kept, measurer.batch_size, usable_bytes)
+    if room.samples == 0:
+        return estimated, EstimatedCosts(time_model, kept, source=room.untimed_reason())
     stopwatch = Stopwatch(
         traced,
         measurer.example_inputs,
@@ -232,6 +247,7 @@ def step_costs(
         optimizer=measurer.optimizer,
         autocast_dtype=measurer.autocast_dtype,
         threads=cpu_threads,
+        room=room,
     )
     costs = MeasuredCosts(stopwatch, traced.regions, measurer.batch_size, fallback=estimated)
     return estimated, costs
@@ -248,10 +264,10 @@ def planning_peak_bytes(
     calibration = calibration_peak_bytes(device.type, calibration_room(usable_bytes, kept))
     peak = max(measurer.planning_peak_bytes, held + calibration)
     if isinstance(costs, MeasuredCosts) and costs.stopwatch.spent_s > 0:
-        # The plain step at the whole batch (gradients through autograd.grad, as many bytes
-        # as .grad), and one optimizer step over copies of the parameters and their state.
-        optimizer_copies = 3 * kept.parameter_bytes + kept.optimizer_state_bytes
-        peak = max(peak, real_step_bytes(kept), held + optimizer_copies)
+        # The plain step at the samples timed (gradients through autograd.grad, as many
+        # bytes as .grad), and one optimizer step over copies of parameters and their state.
+        room = costs.stopwatch.room
+        peak = max(peak, room.step_bytes, room.optimizer_bytes)
     return peak
 
 

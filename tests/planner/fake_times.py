@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from autockpt.planner.timing.stopwatch import StepTimes, Stopwatch
+from autockpt.planner.timing.timing_room import TimingRoom
 from autockpt.planner.trace.fx_graph import TracedModel
 from autockpt.planner.trace.module_chain import trace_or_find_modules
 from tests.helpers import MLPStack
@@ -49,4 +50,6 @@ def mlp_with_fake_times(
     monkeypatch.setattr(Stopwatch, "plain_step", fake.plain_step)
     monkeypatch.setattr(Stopwatch, "region_piece_s", fake.region_piece_s)
     monkeypatch.setattr(Stopwatch, "optimizer_s", lambda self: 0.25)
+    # The made-up times stand for the whole batch: the runs use it, nothing is scaled.
+    monkeypatch.setattr(TimingRoom, "within", classmethod(lambda cls, *args: cls.whole(256)))
     return model, inputs, traced, fake

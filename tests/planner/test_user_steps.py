@@ -115,26 +115,16 @@ def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _planning_params() -> list[Any]:
-    # On the CPU the fx path times the plain step and the candidate plans on the real model at
-    # the whole batch (NOTE [Measured step time]): planning holds about the unplanned step.
-    # Marked strict: the day planning times at a batch that fits, these start to pass and
-    # the mark must go.
-    timed = pytest.mark.xfail(
-        strict=True, reason="the fx path on the CPU times plans at the whole batch"
-    )
     # A model measured on a real copy (its forward does not run on fake tensors) is measured
     # at smaller batches (NOTE [Scaled real measurement]); a loss that closes over the whole
-    # batch's labels cannot run on them, so the copy is measured at the whole batch.
+    # batch's labels cannot run on them, so the copy is measured at the whole batch and the
+    # plan says so in a note. Marked strict: the day that changes, the mark must go.
     whole = pytest.mark.xfail(
         strict=True, reason="a closed-over loss makes a real copy measure at the whole batch"
     )
-    marks = {"fx": [timed], "dict-batch-closed-over-loss": [whole]}
-    # Every step off the fx path, and two on it (the path's every step times the same way).
-    names = [n for n, s in STEPS.items() if s.tracing != "fx"]
-    names += ["gradient-reversal", "finite-check-item"]
     return [
-        pytest.param(name, marks=marks.get(name, marks.get(STEPS[name].tracing, [])), id=name)
-        for name in names
+        pytest.param(name, marks=[whole] if name == "dict-batch-closed-over-loss" else [], id=name)
+        for name in STEPS
     ]
 
 

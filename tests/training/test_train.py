@@ -353,7 +353,9 @@ def test_a_run_plans_in_the_process_it_trains_in(
         return original(self, pieces)
 
     monkeypatch.setattr(pipeline.Stopwatch, "plain_step", record)
-    budget = int(plan_of(plain_run).unplanned_peak_bytes * TIGHT_FRACTION)
+    # Tight enough to need a plan, loose enough that a real step of a few samples fits, so
+    # that the planner times the real model (NOTE [Timing at a batch that fits]).
+    budget = int(plan_of(plain_run).unplanned_peak_bytes * 0.6)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
@@ -361,7 +363,8 @@ def test_a_run_plans_in_the_process_it_trains_in(
         assert torch.get_num_threads() == 2  # put back when the run ends
     finally:
         torch.set_num_threads(threads)
-    assert plan_of(out).num_recomputed > 0
+    planned = plan_of(out)
+    assert planned.num_recomputed > 0 or planned.num_micro_batches > 1
     assert timed_on and set(timed_on) == {1}
     first = RunFolder(out).read_metrics()[0]
     assert "1 torch thread(s)" in first["message"]

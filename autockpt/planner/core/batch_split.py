@@ -62,12 +62,20 @@ def split_batch(
     ]
 
 
-def take_samples(values: Sequence[Any], samples: slice, *, batch_size: int) -> list[Any]:
-    """``values`` with every batch-carrying tensor narrowed to ``samples`` (a copy, so that
-    the probe's runs share no storage with the caller's batch)."""
+def take_samples(
+    values: Sequence[Any], samples: slice, *, batch_size: int, copy: bool = True
+) -> list[Any]:
+    """``values`` with every batch-carrying tensor narrowed to ``samples``: a copy (so that
+    the probe's runs share no storage with the caller's batch), or with ``copy=False`` a view."""
     leaves, spec = tree_flatten(list(values))
     return tree_unflatten(
-        [leaf[samples].clone() if _carries(leaf, batch_size) else leaf for leaf in leaves], spec
+        [
+            (leaf[samples].clone() if copy else leaf[samples])
+            if _carries(leaf, batch_size)
+            else leaf
+            for leaf in leaves
+        ],
+        spec,
     )
 
 

@@ -165,6 +165,7 @@ class _StepRecorder:
     def segment_finished(self, index: int, inputs: tuple[Any, ...], outputs: Any) -> None:
         assert self.tracker is not None
         profile = self.segments[index]
+        profile.input_sizes = tuple(_tensor_bytes(value) for value in inputs)
         profile.input_bytes = _tensor_bytes(inputs)
         profile.output_bytes = _tensor_bytes(outputs)
         self.current = None

@@ -30,6 +30,8 @@ class SegmentProfile:
         forward_num_ops: how many aten ops its forward ran.
         input_bytes: bytes of the tensors it reads from earlier segments.
         output_bytes: bytes of the tensors it hands to later segments.
+        input_sizes: bytes of each of its inputs, in the order of the segment's
+            ``input_names``.
     """
 
     start_bytes: int = 0
@@ -41,6 +43,7 @@ class SegmentProfile:
     forward_num_ops: int = 0
     input_bytes: int = 0
     output_bytes: int = 0
+    input_sizes: tuple[int, ...] = ()
 
 
 @dataclass

@@ -143,6 +143,8 @@ class StagedSearch:
                     break
                 # The sums say stop; the plan timed whole must agree (NOTE [Whole-plan timing]).
                 runner = StepRunner(self.timed_costs.stopwatch)
+                if not runner.can_run(found[0]):
+                    break  # too few samples timed to run it whole: the sums stand
                 stage_timed = fastest_of([found], runner, plain_s)
                 if stage_timed.extra_s <= WIDEN_PAST_SHARE * plain_s:
                     break
@@ -153,10 +155,14 @@ class StagedSearch:
     ) -> tuple[Fit, float | None]:
         """NOTE [Whole-plan timing]: the fastest of the plans that fit, timed whole, and the
         seconds it added (``None`` where only one plan fits and it was not timed)."""
-        candidates = self.search.fitting_alternatives(self.usable_bytes, found, MAX_CANDIDATES)
+        runner = StepRunner(costs.stopwatch)
+        candidates = [
+            c
+            for c in self.search.fitting_alternatives(self.usable_bytes, found, MAX_CANDIDATES)
+            if runner.can_run(c[0])
+        ]
         timed = stage_timed if stage_timed and stage_timed.decision == found[0] else None
-        if len(candidates) > 1:
-            runner = StepRunner(costs.stopwatch)
+        if len(candidates) > 1 and runner.can_run(found[0]):
             timed = fastest_of(candidates, runner, costs.unplanned_step_s())
         if timed is None:
             return found, None

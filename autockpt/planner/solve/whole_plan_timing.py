@@ -45,6 +45,7 @@ from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.runtime.segment_runners import build_segmented_module
 from autockpt.planner.solve.chain_decoding import Decision
 from autockpt.planner.timing.stopwatch import Stopwatch
+from autockpt.planner.timing.timing_room import on_line
 
 #: Plans timed whole at most (NOTE [Whole-plan timing]).
 MAX_CANDIDATES = 3
@@ -75,16 +76,32 @@ class StepRunner:
     def __init__(self, stopwatch: Stopwatch) -> None:
         self.stopwatch = stopwatch
 
-    def seconds(self, decision: Decision | None) -> Callable[[], float]:
+    def can_run(self, decision: Decision) -> bool:
+        """Whether ``decision`` runs as planned on every sample count it is timed at: each
+        micro-batch holds a sample for each chunk (NOTE [Timing at a batch that fits])."""
+        chunks = max((a.num_chunks for a in decision.actions), default=1)
+        return min(self.sample_counts()) >= decision.num_micro_batches * chunks
+
+    def sample_counts(self) -> tuple[int, ...]:
+        """The samples plans are timed at: the whole batch where the runs use it, else the
+        runs' samples and half of them, for a line to the whole batch."""
+        watch = self.stopwatch
+        if watch.batch_size >= watch.whole_batch_size:
+            return (watch.batch_size,)
+        return (watch.batch_size, watch.room.lower_samples)
+
+    def seconds(self, decision: Decision | None, samples: int | None = None) -> Callable[[], float]:
         """A function timing one forward, loss and backward of ``decision`` (``None``: the
-        plain step) on the real model."""
+        plain step) on the real model, on the leading ``samples`` the runs use (default: all
+        of them)."""
         watch = self.stopwatch
         module = watch.traced.graph_module
         if decision is not None:
             module = build_segmented_module(module, decision.segments, decision.actions)
         pieces = decision.num_micro_batches if decision is not None else 1
-        inputs = split_batch(watch.inputs, pieces, batch_size=watch.batch_size)
-        targets = split_batch(watch.targets, pieces, batch_size=watch.batch_size)
+        samples = samples or watch.batch_size
+        inputs = split_batch(watch.leading(watch.inputs, samples), pieces, batch_size=samples)
+        targets = split_batch(watch.leading(watch.targets, samples), pieces, batch_size=samples)
 
         def run() -> float:
             started = time.perf_counter()
@@ -100,6 +117,15 @@ class StepRunner:
 
         return run
 
+    def whole_batch_s(self, fastest: Sequence[float]) -> float:
+        """A plan's seconds at the whole batch, from its fastest run at each of
+        :meth:`sample_counts`."""
+        counts = self.sample_counts()
+        if len(counts) == 1:
+            return fastest[0]
+        (high, low), (high_s, low_s) = counts, fastest
+        return on_line(low_s, low, high_s, high, self.stopwatch.whole_batch_size)
+
 
 def fastest_of(
     candidates: Sequence[tuple[Decision, StepProfile]], runner: StepRunner, plain_s: float
@@ -113,7 +139,9 @@ def fastest_of(
         plain_s: the plain step's time as the planner knows it (with the optimizer), to print
             each candidate's ratio against.
     """
-    runs = [runner.seconds(None), *(runner.seconds(d) for d, _ in candidates)]
+    plans = [None, *(d for d, _ in candidates)]
+    counts = runner.sample_counts()
+    runs = [runner.seconds(d, n) for d in plans for n in counts]
     times: list[list[float]] = [[] for _ in runs]
     started = time.perf_counter()
     rounds = 0
@@ -124,7 +152,10 @@ def fastest_of(
                 times[index].append(runs[index]())
         rounds += 1
     fastest = [min(t) for t in times]
-    plain, each = fastest[0], fastest[1:]
+    at_whole = [
+        runner.whole_batch_s(fastest[i : i + len(counts)]) for i in range(0, len(runs), len(counts))
+    ]
+    plain, each = at_whole[0], at_whole[1:]
     best = min(range(len(each)), key=lambda i: each[i])
     decision, profile = candidates[best]
     reference = max(plain_s, 1e-9)

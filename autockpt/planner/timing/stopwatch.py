@@ -9,7 +9,9 @@ fit the caches. On ``tiny`` the same plans cost 1.5x, three times the FLOP estim
 per-op and per-checkpoint costs of small kernels. So on the CPU the planner times what it is
 about to choose, on the real model, with the parameters and batch the caller gave:
 
-* the plain step, at the whole batch, twice (the faster kept: the first step of a process maps
+* the plain step, on the batch's leading samples whose real step fits the budget (NOTE [Timing
+  at a batch that fits] in :mod:`autockpt.planner.timing.timing_room`; the whole batch where
+  it fits), twice (the faster kept: the first step of a process maps
   its memory, the steady state reuses it): the forward and backward of every chain segment
   (timestamps where the segment runners start and end, and a pre-hook on the autograd nodes
   of each segment's outputs, which run first in its backward), the loss, and one optimizer
@@ -56,7 +58,7 @@ from typing import Any
 
 import torch
 
-from autockpt.planner.core.batch_split import batch_size_of, split_batch
+from autockpt.planner.core.batch_split import batch_size_of, take_samples
 from autockpt.planner.core.memory_tracker import flat_tensors
 from autockpt.planner.measure.fake_step import default_loss, make_optimizer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
@@ -74,6 +76,7 @@ from autockpt.planner.timing.segment_clock import (
     first_samples,
 )
 from autockpt.planner.timing.timed_runs import TimedRuns, median, seconds
+from autockpt.planner.timing.timing_room import OPTIMIZER_COPIES_PER_BYTE, TimingRoom, on_line
 from autockpt.planner.trace.fx_graph import TracedModel
 
 #: The plain step is timed again while its last run took under this share of the one before,
@@ -104,6 +107,22 @@ class StepTimes:
         """Forward and backward of chain positions ``first..end-1``, kept."""
         return sum(self.forward_s[first:end]) + sum(self.backward_s[first:end])
 
+    @staticmethod
+    def on_line(
+        low: StepTimes, low_samples: int, high: StepTimes, high_samples: int, samples: int
+    ) -> StepTimes:
+        """Every time read at ``samples`` off the line through two steps timed at fewer
+        (NOTE [Timing at a batch that fits])."""
+
+        def at(low_s: float, high_s: float) -> float:
+            return on_line(low_s, low_samples, high_s, high_samples, samples)
+
+        return StepTimes(
+            tuple(map(at, low.forward_s, high.forward_s)),
+            tuple(map(at, low.backward_s, high.backward_s)),
+            at(low.loss_s, high.loss_s),
+        )
+
 
 def can_time(device: torch.device, unplanned_bytes: int) -> bool:
     """Whether a traced model whose plain step takes ``unplanned_bytes`` may be timed on
@@ -128,6 +147,9 @@ class Stopwatch:
         optimizer: what optimizer to time one step of (see ``make_optimizer``).
         autocast_dtype: run forward and loss under ``torch.autocast`` with this dtype.
         threads: torch CPU threads to time with (training's, not planning's one).
+        room: the samples the runs use, and the bytes the optimizer's timing may take
+            (default: the whole batch, no limit); times stand for the whole batch, scaled
+            (NOTE [Timing at a batch that fits]).
     """
 
     def __init__(
@@ -140,20 +162,24 @@ class Stopwatch:
         optimizer: OptimizerSpec,
         autocast_dtype: torch.dtype | None,
         threads: int,
+        room: TimingRoom | None = None,
     ) -> None:
         self.traced = traced
-        self.inputs = list(example_inputs)
-        self.targets = list(example_targets)
+        #: The batch the times stand for, and the leading samples of it the runs use.
+        self.whole_batch_size = batch_size_of(list(example_inputs)) or 1
+        self.room = room or TimingRoom.whole(self.whole_batch_size)
+        self.batch_size = max(min(self.room.samples, self.whole_batch_size), 1)
+        self.inputs = self._leading(list(example_inputs))
+        self.targets = self._leading(list(example_targets))
         self.loss_fn = loss_fn or default_loss
         self.optimizer = optimizer
-        self.batch_size = batch_size_of(self.inputs) or 1
         module = traced.graph_module
         self.runs = TimedRuns(list(module.buffers()), threads, autocast_dtype)
         self.parameters = [p for p in module.parameters() if p.requires_grad]
-        self._steps: dict[int, StepTimes] = {}
-        self._pieces: dict[tuple[int, int, int], float] = {}
+        self._steps: dict[int, StepTimes] = {}  # by the samples run, as timed
+        self._pieces: dict[tuple[int, int], float] = {}  # by region and samples run, as timed
         self._optimizer_s: float | None = None
-        # The inputs of every region, as the whole-batch plain step computed them.
+        # The inputs of every region, as the plain step on the timed samples computed them.
         self._region_inputs: dict[int, tuple[Captured, ...]] = {}
         self._region_runners: dict[int, SegmentRunner] = {}
         self._clock = SegmentClock([s.output_names for s in traced.segments])
@@ -170,11 +196,21 @@ class Stopwatch:
         return self.runs.spent_s
 
     def plain_step(self, pieces: int = 1) -> StepTimes:
-        """The plain step of the largest of ``pieces`` micro-batches, timed segment by segment."""
-        if pieces not in self._steps:
-            inputs = split_batch(self.inputs, pieces, batch_size=self.batch_size)[0]
-            targets = split_batch(self.targets, pieces, batch_size=self.batch_size)[0]
-            capture = pieces == 1
+        """The plain step of the largest of ``pieces`` micro-batches of the whole batch, timed
+        segment by segment (past the samples the runs use, read off a line)."""
+        samples = -(-self.whole_batch_size // pieces)
+        if samples <= self.batch_size:
+            return self._plain_step_at(samples)
+        high = self._plain_step_at(self.batch_size)  # first: it keeps the regions' inputs
+        low_samples = self.room.lower_samples
+        low = self._plain_step_at(low_samples)
+        return StepTimes.on_line(low, low_samples, high, self.batch_size, samples)
+
+    def _plain_step_at(self, samples: int) -> StepTimes:
+        if samples not in self._steps:
+            inputs = self.leading(self.inputs, samples)
+            targets = self.leading(self.targets, samples)
+            capture = samples == self.batch_size
 
             # At least twice: the first real step of a process maps its memory, and with
             # malloc keeping freed pages (as a tuned trainer's does) later steps do not.
@@ -190,15 +226,17 @@ class Stopwatch:
             ):
                 runs += self.runs.repeated(step)
             settled = runs if len(runs) == first_runs else runs[-2:]
-            self._steps[pieces] = median(settled, key=lambda times: times.total_s)
-        return self._steps[pieces]
+            self._steps[samples] = median(settled, key=lambda times: times.total_s)
+        return self._steps[samples]
 
     def optimizer_s(self) -> float:
-        """One optimizer step over copies of the parameters, its state already made."""
+        """One optimizer step over copies of the parameters, its state already made; over
+        the leading parameters whose copies fit ``optimizer_room_bytes``, scaled by bytes."""
         if self._optimizer_s is None:
-            copies = [torch.nn.Parameter(p.detach().clone()) for p in self.parameters]
+            timed = self._parameters_within_room()
+            copies = [torch.nn.Parameter(p.detach().clone()) for p in timed]
             optimizer = make_optimizer(self.optimizer, copies)
-            if optimizer is None:
+            if optimizer is None or not copies:
                 self._optimizer_s = 0.0
             else:
                 for copy in copies:
@@ -207,22 +245,47 @@ class Stopwatch:
                     warnings.simplefilter("ignore")
                     optimizer.step()  # makes its state, as an earlier training step has
                     runs = self.runs.repeated(lambda: seconds(optimizer.step))
-                    self._optimizer_s = median(runs, key=float)
+                share = _bytes(timed) / max(_bytes(self.parameters), 1)
+                self._optimizer_s = median(runs, key=float) / share
         return self._optimizer_s
+
+    def _parameters_within_room(self) -> list[torch.nn.Parameter]:
+        # A copy, its gradient and the step's temporaries: three times its bytes, and state.
+        per_byte = OPTIMIZER_COPIES_PER_BYTE + self.room.optimizer_state_share
+        chosen: list[torch.nn.Parameter] = []
+        held = 0.0
+        for parameter in self.parameters:
+            held += per_byte * _bytes([parameter])
+            if held > self.room.optimizer_room_bytes:
+                break
+            chosen.append(parameter)
+        return chosen
 
     def region_piece_s(
         self, region: int, samples: int, input_batch_dims: Sequence[int | None]
     ) -> float:
-        """One checkpointed forward and backward of region ``region`` on ``samples`` samples.
+        """One checkpointed forward and backward of region ``region`` on ``samples`` samples
+        (past the samples the runs use, read off a line).
 
         Args:
             region: index into the traced model's regions.
             samples: how many samples the piece holds (the whole batch: no cut).
             input_batch_dims: per region input, the dimension carrying the batch (None: whole).
         """
-        key = (region, samples, self.batch_size)
+        dims = tuple(input_batch_dims)
+        if samples <= self.batch_size:
+            return self._piece_at(region, samples, dims)
+        high = self._piece_at(region, self.batch_size, dims)
+        low_samples = self.room.lower_samples
+        low = self._piece_at(region, low_samples, dims)
+        return on_line(low, low_samples, high, self.batch_size, samples)
+
+    def _piece_at(
+        self, region: int, samples: int, input_batch_dims: tuple[int | None, ...]
+    ) -> float:
+        key = (region, samples)
         if key not in self._pieces:
-            self.plain_step()  # the region's inputs come from it
+            self._plain_step_at(self.batch_size)  # the region's inputs come from it
             inputs = self._region_inputs[region]
             if samples < self.batch_size:
                 inputs = tuple(
@@ -234,6 +297,19 @@ class Stopwatch:
             self._pieces[key] = median(runs, key=float)
         return self._pieces[key]
 
+    def _leading(self, values: list[Any]) -> list[Any]:
+        """``values`` cut to the samples the runs use (the very values at the whole batch)."""
+        if self.batch_size == self.whole_batch_size:
+            return values
+        return take_samples(values, slice(0, self.batch_size), batch_size=self.whole_batch_size)
+
+    def leading(self, values: list[Any], samples: int) -> list[Any]:
+        """``values`` (the runs' inputs or targets) cut to their leading ``samples``: views of
+        the runs' own copy, which share no storage with the caller's batch."""
+        if samples == self.batch_size:
+            return values
+        return take_samples(values, slice(0, samples), batch_size=self.batch_size, copy=False)
+
     def _time_step(self, inputs: list[Any], targets: list[Any], *, capture: bool) -> StepTimes:
         if self._plain is None:
             segments = self.traced.segments
@@ -241,6 +317,8 @@ class Stopwatch:
                 self.traced.graph_module, segments, [KEEP] * len(segments), observer=self._clock
             )
         clock = self._clock
+        if capture:
+            self._region_inputs = {}  # the last run's: not held beside this one's
         wanted = self._wanted_names() if capture else {}
         clock.start(wanted, self._placeholder_values(inputs) if capture else {})
         with self.runs.training_threads():
@@ -322,3 +400,7 @@ class Stopwatch:
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The autocast the step runs under (none without an autocast dtype)."""
         return self.runs.autocast()
+
+
+def _bytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)

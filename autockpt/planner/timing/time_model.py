@@ -117,10 +117,10 @@ class StepCosts(Protocol):
 class EstimatedCosts:
     """Costs from the time model and the kept step's counted work (NOTE [Time model])."""
 
-    source = ""
-
-    def __init__(self, time_model: TimeModel, kept: StepProfile) -> None:
+    def __init__(self, time_model: TimeModel, kept: StepProfile, *, source: str = "") -> None:
         self.time_model = time_model
+        #: Why the step is estimated, for the plan's notes ("" where that needs no word).
+        self.source = source
         self.forward_s = [
             time_model.seconds(
                 flops=s.forward_flops, moved_bytes=s.forward_moved_bytes, num_ops=s.forward_num_ops
@@ -209,9 +209,14 @@ class MeasuredCosts:
         if self.failure:
             return f"estimated: timing the real model failed ({self.failure})"
         watch = self.stopwatch
+        samples = (
+            f" at {watch.batch_size} of the batch's {watch.whole_batch_size} samples, scaled"
+            if watch.batch_size < watch.whole_batch_size
+            else ""
+        )
         return (
-            f"timed on the real model ({watch.spent_s:.2f} s of runs on {watch.threads} "
-            f"thread{'s' if watch.threads > 1 else ''})"
+            f"timed on the real model{samples} ({watch.spent_s:.2f} s of runs on "
+            f"{watch.threads} thread{'s' if watch.threads > 1 else ''})"
         )
 
     def unplanned_step_s(self) -> float:
@@ -273,8 +278,11 @@ class MeasuredCosts:
         kept_s = self._kept_piece_s(first, end, pieces) * pieces
         region = self._region_of.get((first, end))
         samples = -(-self.batch_size // pieces) // chunks  # a chunk of the largest micro-batch
-        if region is None or (samples < self.batch_size and input_batch_dims is None):
-            return Cost(forward_s)  # not timed: its inputs were not kept, or cannot be cut
+        # Not timed where its inputs were not kept, or where they must be cut (to a chunk, or
+        # to the samples the runs use: NOTE [Timing at a batch that fits]) and cannot be.
+        cut = samples < self.batch_size or samples > self.stopwatch.batch_size
+        if region is None or (cut and input_batch_dims is None):
+            return Cost(forward_s)
         timing = _Piece(region, samples, tuple(input_batch_dims or ()))
         if timing in self._timed:
             piece_s = self.stopwatch.region_piece_s(region, samples, timing.input_batch_dims)

@@ -29,7 +29,9 @@ def _plan_timed(monkeypatch: pytest.MonkeyPatch, budget_share: float):
     timed: list[Decision | None] = []  # the last timing's plans (each starts with the plain step)
     seconds_of: dict[int, float] = {}
 
-    def fake_seconds(self: StepRunner, decision: Decision | None) -> Callable[[], float]:
+    def fake_seconds(
+        self: StepRunner, decision: Decision | None, samples: int | None = None
+    ) -> Callable[[], float]:
         if decision is None:
             timed.clear()
         timed.append(decision)
@@ -77,7 +79,9 @@ def test_a_plan_is_judged_by_its_fastest_round_not_by_runs_after_other_plans(mon
     position = [0]
     settled_fast: list[Decision] = []
 
-    def fake_seconds(self: StepRunner, decision: Decision | None) -> Callable[[], float]:
+    def fake_seconds(
+        self: StepRunner, decision: Decision | None, samples: int | None = None
+    ) -> Callable[[], float]:
         if decision is None:  # each timing starts with the plain step
             position[0] = 0
             return lambda: 1.0

@@ -158,7 +158,9 @@ def test_the_fastest_timed_chunk_count_is_chosen_and_predicted(monkeypatch):
     model, inputs, traced, fake = mlp_with_fake_times(monkeypatch)
     # Timed whole (the sums say the plan adds nothing, so it is timed whole before the search
     # stops), the plan takes what its pieces summed to: 0.2 s less than the plain step.
-    monkeypatch.setattr(StepRunner, "seconds", lambda self, d: lambda: 1.0 if d is None else 0.8)
+    monkeypatch.setattr(
+        StepRunner, "seconds", lambda self, d, n=None: lambda: 1.0 if d is None else 0.8
+    )
     unplanned = autockpt.plan(model, inputs, 10**12).unplanned_peak_bytes
     lowest = autockpt.plan(model, inputs, unplanned).minimum_feasible_bytes
     # Below every plain-recompute plan: only chunks (or micro-batches) fit, and 4 chunks do.
@@ -183,7 +185,7 @@ def test_a_fit_whose_sums_say_free_but_timed_whole_is_slow_does_not_end_the_sear
 
     plain_s = 3.0 * len(traced.segments)
 
-    def whole_s(self: StepRunner, decision: Any) -> Any:
+    def whole_s(self: StepRunner, decision: Any, samples: Any = None) -> Any:
         if decision is None:
             return lambda: plain_s
         return lambda: plain_s * (1.05 if decision.num_micro_batches > 1 else 2.0)
