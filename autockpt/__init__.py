@@ -18,6 +18,7 @@ from autockpt.errors import (
     TraceError,
 )
 from autockpt.planner.apply import apply
+from autockpt.planner.core.decisions import Parallelism
 from autockpt.planner.core.memory_tracker import MemoryTracker, tensors_of
 from autockpt.planner.core.units import Budget, format_bytes, parse_budget
 from autockpt.planner.entry import plan
@@ -33,6 +34,7 @@ __all__ = [
     "DeviceError",
     "InfeasibleBudgetError",
     "MemoryTracker",
+    "Parallelism",
     "PeakBreakdown",
     "Plan",
     "PlanMismatchError",

@@ -34,7 +34,7 @@ import autockpt  # noqa: E402
 from autockpt.planner.measure.fake_step import default_loss  # noqa: E402
 from benchmarks.tft_speed import bench_config, their_model  # noqa: E402
 from tests.zoo import ZOO  # noqa: E402
-from tft.loss import quantile_loss  # noqa: E402
+from tft.model.loss import quantile_loss  # noqa: E402
 
 MIB = 2**20
 

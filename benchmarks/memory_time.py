@@ -77,7 +77,7 @@ from memory_time_strategies import (
 
 import autockpt
 from autockpt import format_bytes
-from tft.config import PRESET_NAMES
+from tft.model.config import PRESET_NAMES
 
 # ---------------------------------------------------------------------------- the run
 

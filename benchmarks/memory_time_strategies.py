@@ -19,9 +19,9 @@ import torch
 
 import autockpt
 from autockpt import format_bytes
-from tft.config import TFTConfig, get_preset
-from tft.loss import quantile_loss
-from tft.model import TemporalFusionTransformer
+from tft.model.config import TFTConfig, get_preset
+from tft.model.loss import quantile_loss
+from tft.model.transformer import TemporalFusionTransformer
 
 #: Budget given when a strategy has no budget of its own (reads as "no limit" on the CPU).
 UNLIMITED_BYTES = 2**50

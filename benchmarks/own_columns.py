@@ -35,12 +35,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from autockpt.planner.core.units import format_bytes
-from autockpt.training.config import load_train_config
-from autockpt.training.distributed import SilentReporter
-from autockpt.training.prepare import prepare
-from autockpt.training.runs import RunFolder, start_run
-from autockpt.training.settings import SAMPLE_DATA
-from autockpt.training.train import train
+from autockpt.training.host.distributed import SilentReporter
+from autockpt.training.loop.train import train
+from autockpt.training.options.config import load_train_config
+from autockpt.training.options.settings import SAMPLE_DATA
+from autockpt.training.setup.prepare import prepare
+from autockpt.training.setup.runs import RunFolder, start_run
 
 RUNS: dict[str, dict[str, Any]] = {
     "one scale": {"scaling": "global", "ignore_columns": ("session", "exchange")},

@@ -50,8 +50,8 @@ from memory_time_strategies import (
 )
 
 import autockpt
-from autockpt.training.host_tuning import keep_freed_memory
-from tft.config import PRESET_NAMES
+from autockpt.training.host.host_tuning import keep_freed_memory
+from tft.model.config import PRESET_NAMES
 
 #: What "within" means: the predicted overhead may miss the measured one by this many points.
 TOLERANCE = 0.15

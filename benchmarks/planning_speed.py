@@ -40,9 +40,9 @@ from typing import Any
 import torch
 
 import autockpt
-from tft.config import PRESET_NAMES, get_preset
-from tft.loss import quantile_loss
-from tft.model import TemporalFusionTransformer
+from tft.model.config import PRESET_NAMES, get_preset
+from tft.model.loss import quantile_loss
+from tft.model.transformer import TemporalFusionTransformer
 
 #: The repository root: where the fresh processes of ``--fresh-process`` import from.
 REPO = Path(__file__).resolve().parents[1]
@@ -165,9 +165,9 @@ def fresh_process_s(preset: str, budget_bytes: int, threads: int) -> float:
         "import sys, time, torch\n"
         f"torch.set_num_threads({threads})\n"
         "import autockpt\n"
-        "from tft.config import get_preset\n"
-        "from tft.loss import quantile_loss\n"
-        "from tft.model import TemporalFusionTransformer\n"
+        "from tft.model.config import get_preset\n"
+        "from tft.model.loss import quantile_loss\n"
+        "from tft.model.transformer import TemporalFusionTransformer\n"
         f"config = get_preset({preset!r})\n"
         "torch.manual_seed(0)\n"
         "model = TemporalFusionTransformer(config).train()\n"

@@ -1,10 +1,10 @@
 """What can be learned from the bundled sample: the model's, the naive forecasts' and an
 oracle's validation loss per horizon step, and the skills over the better naive forecast.
 
-The oracle (NOTE [Planted order flow] in ``tft/planted.py``) knows what the generator planted:
+The oracle (NOTE [Planted order flow] in ``tft/synthetic/planted.py``) knows what the generator planted:
 each bar's true volatility and the latent order flow. It is scored on exactly the validation
 windows the trainer scores, in the same normalised units, with the same pinball loss, beside the
-same naive forecasts (``autockpt.training.evaluate.ForecastScores``). The model is trained the
+same naive forecasts (``autockpt.training.forecasts.evaluate.ForecastScores``). The model is trained the
 way ``autockpt demo`` trains it (the same defaults, ``--quiet``), its numbers read from the run's
 metrics.
 
@@ -26,14 +26,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autockpt.cli import main  # noqa: E402
-from autockpt.training.config import TrainConfig  # noqa: E402
-from autockpt.training.evaluate import Evaluation, ForecastScores  # noqa: E402
-from autockpt.training.interpret import interpret  # noqa: E402
-from autockpt.training.prepare import Setup, prepare  # noqa: E402
-from autockpt.training.runs import RunFolder  # noqa: E402
-from autockpt.training.settings import SAMPLE_DATA  # noqa: E402
-from tft.planted import oracle_quantiles  # noqa: E402
-from tft.synthetic import planted_truth  # noqa: E402
+from autockpt.training.forecasts.evaluate import Evaluation, ForecastScores  # noqa: E402
+from autockpt.training.forecasts.interpret import interpret  # noqa: E402
+from autockpt.training.options.config import TrainConfig  # noqa: E402
+from autockpt.training.options.settings import SAMPLE_DATA  # noqa: E402
+from autockpt.training.setup.prepare import Setup, prepare  # noqa: E402
+from autockpt.training.setup.runs import RunFolder  # noqa: E402
+from tft.synthetic.bars import planted_truth  # noqa: E402
+from tft.synthetic.planted import oracle_quantiles  # noqa: E402
 
 
 def file_rows(setup: Setup, path: Path) -> tuple[np.ndarray, np.ndarray]:

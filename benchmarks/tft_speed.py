@@ -9,7 +9,7 @@ autockpt: ``pip install pytorch-forecasting`` (check with ``--dry-run`` that it 
     python benchmarks/tft_speed.py [--steps 9] [--threads 2] [--compile]
 
 The process keeps freed memory for reuse, as ``autockpt train`` does on the CPU (NOTE [Tuning the
-host process] in ``autockpt/training/host_tuning.py``); ``--fresh-pages`` leaves glibc's malloc as
+host process] in ``autockpt/training/host/host_tuning.py``); ``--fresh-pages`` leaves glibc's malloc as
 it is, so that every tensor above its mmap threshold (32 MiB at most) is mapped and zeroed afresh
 on every step. Both models run in this process, so both get the same setting.
 
@@ -36,10 +36,10 @@ from collections.abc import Callable
 
 import torch
 
-from autockpt.training.host_tuning import keep_freed_memory
-from tft.config import TFTConfig, get_preset
-from tft.loss import quantile_loss
-from tft.model import TemporalFusionTransformer
+from autockpt.training.host.host_tuning import keep_freed_memory
+from tft.model.config import TFTConfig, get_preset
+from tft.model.loss import quantile_loss
+from tft.model.transformer import TemporalFusionTransformer
 
 Step = Callable[[], None]
 

@@ -43,8 +43,8 @@ from autockpt.planner.timing.timing_room import TimingRoom  # noqa: E402
 from tests.oracle import LiveBytes, starting_tensors  # noqa: E402
 from tests.zoo import ZOO  # noqa: E402
 from tests.zoo.tft_like import tft_batch, tft_loss  # noqa: E402
-from tft.config import get_preset  # noqa: E402
-from tft.model import TemporalFusionTransformer  # noqa: E402
+from tft.model.config import get_preset  # noqa: E402
+from tft.model.transformer import TemporalFusionTransformer  # noqa: E402
 
 MIB = 2**20
 

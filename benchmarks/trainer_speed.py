@@ -11,7 +11,7 @@ the same machine load; the ratio of the medians is the number to read, and each 
 as it is done.
 
 Each preset runs twice: without a budget (nothing is measured, NOTE [Enforcing the budget] in
-``autockpt/training/step_memory.py``) and with a budget twice the unplanned peak, which plans
+``autockpt/training/loop/step_memory.py``) and with a budget twice the unplanned peak, which plans
 the same steps (nothing recomputed) but measures the first steps and then every
 ``--memory-check-every``-th; ``--steps`` should cover at least one sampled step, whose cost the
 mean includes and the median does not.
@@ -19,7 +19,7 @@ mean includes and the median does not.
     python benchmarks/trainer_speed.py [--presets tiny,small] [--steps 100] [--repeats 3]
 
 Both loops run with the thread count and allocator setting the trainer chooses for the run
-(``autockpt/training/host_tuning.py``), printed first.
+(``autockpt/training/host/host_tuning.py``), printed first.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from autockpt.training.config import TrainConfig
-from autockpt.training.host_tuning import tune_host
-from autockpt.training.prepare import Setup, prepare
-from autockpt.training.progress import JsonLinesReporter
-from autockpt.training.runs import RunFolder
-from autockpt.training.train import Trainer, make_optimizer
+from autockpt.training.host.host_tuning import tune_host
+from autockpt.training.host.progress import JsonLinesReporter
+from autockpt.training.loop.train import Trainer, make_optimizer
+from autockpt.training.options.config import TrainConfig
+from autockpt.training.setup.prepare import Setup, prepare
+from autockpt.training.setup.runs import RunFolder
 
 
 def plain_step(setup: Setup) -> Callable[[], None]:

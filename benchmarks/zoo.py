@@ -39,8 +39,8 @@ from autockpt.planner.measure.fake_step import default_loss  # noqa: E402
 from tests.zoo import ZOO  # noqa: E402
 from tests.zoo.case import ZooCase  # noqa: E402
 from tests.zoo.tft_like import functional_dropout_tft, tft_batch, tft_loss  # noqa: E402
-from tft.config import get_preset  # noqa: E402
-from tft.model import TemporalFusionTransformer  # noqa: E402
+from tft.model.config import get_preset  # noqa: E402
+from tft.model.transformer import TemporalFusionTransformer  # noqa: E402
 
 MIB = 2**20
 

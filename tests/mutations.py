@@ -141,7 +141,7 @@ MUTATIONS = (
     Mutation(
         "within-budget-without-budget",
         "a run without a budget reports within_budget: true",
-        "autockpt/training/train.py",
+        "autockpt/training/loop/train.py",
         '"within_budget": None',
         '"within_budget": True',
         ("tests/cli/test_cli.py::test_three_step_train_on_the_sample",),
@@ -184,7 +184,7 @@ MUTATIONS = (
     Mutation(
         "validation-mae-per-window",
         "validation MAE divided by windows instead of values",
-        "autockpt/training/evaluate.py",
+        "autockpt/training/forecasts/evaluate.py",
         'mae=totals["abs"] / num_values,',
         'mae=totals["abs"] / num_windows,',
         ("tests/training/test_train.py::test_validation_metrics_are_those_of_best_pt",),
@@ -192,7 +192,7 @@ MUTATIONS = (
     Mutation(
         "resume-without-rng",
         "a resumed run does not restore the random streams (dropout masks drift)",
-        "autockpt/training/train.py",
+        "autockpt/training/loop/train.py",
         "        restore_random_states(checkpoint, self.world.rank)",
         "        pass",
         (
@@ -204,7 +204,7 @@ MUTATIONS = (
     Mutation(
         "scaling-ignores-symbol",
         "per-symbol scaling fits one scale over all symbols",
-        "tft/normalize.py",
+        "tft/data/normalize.py",
         "    if not per_symbol:\n",
         "    if True:\n",
         (
@@ -435,7 +435,7 @@ MUTATIONS = (
     Mutation(
         "naive-forecast-shifted",
         "the no-change forecast is the normalised 0, not the normalised value of a raw return of 0",
-        "autockpt/training/baselines.py",
+        "autockpt/training/setup/baselines.py",
         "            no_change=torch.tensor((0.0 - mean) / std, dtype=torch.float32),",
         "            no_change=torch.zeros(len(mean)),",
         ("tests/training/test_baselines.py",),
@@ -451,7 +451,7 @@ MUTATIONS = (
     Mutation(
         "interpret-names-shifted",
         "interpret names the encoder's weights with the known inputs before the observed ones",
-        "autockpt/training/interpret.py",
+        "autockpt/training/forecasts/interpret.py",
         "        *data.observed_columns,\n        *data.known_columns,",
         "        *data.known_columns,\n        *data.observed_columns,",
         ("tests/training/test_interpret.py",),
@@ -459,7 +459,7 @@ MUTATIONS = (
     Mutation(
         "flow-same-bar",
         "the planted order flow moves its own bar's return, so the sample has nothing to forecast",
-        "tft/planted.py",
+        "tft/synthetic/planted.py",
         "    previous = np.concatenate([[0.0], flow[:-1]])",
         "    previous = flow",
         ("tests/tft/test_synthetic.py",),
@@ -467,7 +467,7 @@ MUTATIONS = (
     Mutation(
         "stream-no-carry",
         "a chunk of a streamed file forgets each symbol's last bar, so its first row is dropped",
-        "tft/file_scan.py",
+        "tft/data/file_scan.py",
         "        carried = [code for code in np.unique(codes).tolist() if code in self.carry]",
         "        carried = []",
         ("tests/tft/test_streamed_windows.py",),
@@ -475,7 +475,7 @@ MUTATIONS = (
     Mutation(
         "cache-gathered-through-mapping",
         "batches from a row cache are gathered through its mapping, so an epoch maps the file",
-        "tft/data.py",
+        "tft/data/windows.py",
         "        if self._rows.files is not None:\n            return self._read_batch(",
         "        if False:\n            return self._read_batch(",
         ("tests/tft/test_streamed_windows.py",),
@@ -575,7 +575,7 @@ MUTATIONS = (
     Mutation(
         "unseen-category-is-a-category",
         "a value the training rows never had gets a real category's code",
-        "tft/categories.py",
+        "tft/data/categories.py",
         "index.fill_null(-1)",
         "index.fill_null(0)",
         (
@@ -625,6 +625,14 @@ MUTATIONS = (
         "with FakeScalars() if mode is not None else contextlib.nullcontext():",
         "with contextlib.nullcontext():",
         ("tests/planner/test_user_steps.py", "tests/planner/core/test_fake_scalars.py"),
+    ),
+    Mutation(
+        "tft-imports-autockpt",
+        "tft's splits raise the application's error again (tft loads the planner)",
+        "tft/data/splits.py",
+        "from tft.errors import DataError",
+        "from autockpt.errors import DataError",
+        ("tests/test_layout.py",),
     ),
     Mutation(
         "timed-at-the-whole-batch",

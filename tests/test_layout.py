@@ -1,7 +1,8 @@
 """The shape of the source tree, read from the source: layers, no import circles, file sizes.
 
 The planner is a library: it must not import the training application, the command line or
-the bundled model, and must not print or write files. Nothing in ``autockpt/`` or ``tft/`` may
+the bundled model, and must not print or write files; the bundled model ``tft`` is a library of
+its own and imports nothing of ``autockpt``. Nothing in ``autockpt/`` or ``tft/`` may
 import in a circle, counting imports inside functions too (they hide circles, not remove them).
 The planner's top keeps what a user imports; its stage sub-packages import one another in the
 pipeline's order only, hold a sitting's worth of modules each, and no planner function runs
@@ -11,6 +12,8 @@ over a screen.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,10 @@ STAGES = ("core", "trace", "runtime", "measure", "timing", "solve")
 #: verification, runs real steps of the applied plan).
 MAX_TOP_MODULES = 9
 MAX_STAGE_MODULES = 12
+TRAINING = "autockpt.training"
+#: The training application's sub-packages, in the order they may import one another: what a
+#: run is asked to do, the process it runs in, its setup, its forecasts and scores, the loop.
+TRAINING_STAGES = ("options", "host", "setup", "forecasts", "loop")
 #: A function in one screen: lines of code, docstrings, comments and blank lines not counted.
 MAX_FUNCTION_LINES = 100
 
@@ -130,6 +137,45 @@ def test_planner_imports_nothing_from_the_application() -> None:
     assert not offenders, sorted(offenders)
 
 
+def test_tft_imports_nothing_of_autockpt() -> None:
+    # By the source: no module of tft names autockpt, inside functions either.
+    graph = import_graph()
+    offenders = {
+        f"{name} -> {edge}"
+        for name, edges in graph.items()
+        if name.startswith("tft")
+        for edge in edges
+        if edge.startswith("autockpt")
+    }
+    assert not offenders, sorted(offenders)
+    # By what importing it loads: every module of tft, in a fresh interpreter.
+    tft_modules = sorted(name for name in source_modules() if name.startswith("tft"))
+    script = (
+        "import importlib, sys\n"
+        f"for name in {tft_modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'autockpt'))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert loaded.stdout.strip() == "[]", loaded.stdout
+
+
+def test_every_package_holds_a_sitting_of_modules() -> None:
+    # The planner's top has a test of its own (MAX_TOP_MODULES).
+    planner = REPO / "autockpt" / "planner"
+    packages = [p.parent for package in PACKAGES for p in (REPO / package).rglob("__init__.py")]
+    packages = [p for p in packages if p != planner]
+    crowded = {
+        str(package.relative_to(REPO)): count
+        for package in packages
+        if (count := len([p for p in package.glob("*.py") if p.name != "__init__.py"]))
+        > MAX_STAGE_MODULES
+    }
+    assert not crowded, crowded
+
+
 def test_training_does_not_import_the_command_line() -> None:
     graph = import_graph()
     offenders = {
@@ -172,33 +218,39 @@ def test_module_reads_in_one_sitting(name: str) -> None:
         assert ast.get_docstring(ast.parse(path.read_text())), f"{name} says not what it is for"
 
 
-def stage_of(module: str) -> str | None:
-    """The stage sub-package of a planner module; ``None`` for the planner's top."""
+def stage_of(module: str, root: str = PLANNER, stages: tuple[str, ...] = STAGES) -> str | None:
+    """The stage sub-package of a module under ``root``; ``None`` for ``root``'s top."""
     parts = module.split(".")
-    return parts[2] if len(parts) > 3 or (len(parts) == 3 and parts[2] in STAGES) else None
+    depth = len(root.split("."))
+    if len(parts) > depth + 1 or (len(parts) == depth + 1 and parts[depth] in stages):
+        return parts[depth]
+    return None
 
 
-def stage_order_offenders(graph: dict[str, set[str]]) -> list[str]:
-    """Imports between planner modules that run against the stage order."""
+def stage_order_offenders(
+    graph: dict[str, set[str]], root: str = PLANNER, stages: tuple[str, ...] = STAGES
+) -> list[str]:
+    """Imports between modules under ``root`` that run against its stage order."""
     offenders = []
     for name, edges in graph.items():
-        if not name.startswith(PLANNER + ".") or (stage := stage_of(name)) is None:
+        if not name.startswith(root + ".") or (stage := stage_of(name, root, stages)) is None:
             continue
         for edge in edges:
-            if not edge.startswith(PLANNER + "."):
+            if not edge.startswith(root + "."):
                 continue
-            target = stage_of(edge)
-            if target is None or STAGES.index(target) > STAGES.index(stage):
+            target = stage_of(edge, root, stages)
+            if target is None or stages.index(target) > stages.index(stage):
                 offenders.append(f"{name} -> {edge}")
     return sorted(offenders)
 
 
-def test_planner_stages_import_in_pipeline_order() -> None:
+@pytest.mark.parametrize(("root", "stages"), [(PLANNER, STAGES), (TRAINING, TRAINING_STAGES)])
+def test_stages_import_in_their_order(root: str, stages: tuple[str, ...]) -> None:
     graph = import_graph()
-    planner = [name for name in graph if name.startswith(PLANNER + ".")]
-    unknown = {stage_of(n) for n in planner} - {None, *STAGES}
+    modules = [name for name in graph if name.startswith(root + ".")]
+    unknown = {stage_of(n, root, stages) for n in modules} - {None, *stages}
     assert not unknown, f"sub-packages not in the stage order: {sorted(map(str, unknown))}"
-    assert stage_order_offenders(graph) == []
+    assert stage_order_offenders(graph, root, stages) == []
 
 
 def test_stage_order_check_sees_an_import_against_it() -> None:
@@ -282,11 +334,10 @@ def long_functions(source: str, label: str) -> list[str]:
     ]
 
 
-def test_no_planner_function_runs_over_a_screen() -> None:
+def test_no_function_runs_over_a_screen() -> None:
     offenders = []
     for name, path in source_modules().items():
-        if name.startswith(PLANNER):
-            offenders += long_functions(path.read_text(), name)
+        offenders += long_functions(path.read_text(), name)
     assert offenders == []
 
 

@@ -19,17 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from autockpt import format_bytes
 from autockpt.cli.importance import plot_importance, print_importance
 from autockpt.cli.parser import comma_list, overrides
 from autockpt.cli.plot import PLAN_PICTURE, check_plot_available, plot_available, plot_plan
-from autockpt.cli.report import columns_record, print_columns, print_plan
+from autockpt.cli.report import columns_record, print_columns
 from autockpt.errors import ConfigError, InfeasibleBudgetError
-from autockpt.planner.core.units import format_bytes
+from autockpt.plan_report import print_plan
 
 if TYPE_CHECKING:
-    from autockpt.training.config import TrainConfig
-    from autockpt.training.prepare import Setup
-    from autockpt.training.runs import RunFolder
+    from autockpt.training.options.config import TrainConfig
+    from autockpt.training.setup.prepare import Setup
+    from autockpt.training.setup.runs import RunFolder
 
 #: What a handler returns when Ctrl-C stopped it (128 + SIGINT, as shells do).
 EXIT_INTERRUPTED = 130
@@ -39,7 +40,7 @@ Handler = Callable[[argparse.Namespace, Console], int]
 
 # NOTE [The demo's training]
 # The demo trains long enough to find the sample's planted order flow (NOTE [Planted order
-# flow] in tft.planted): measured with benchmarks/sample_skill.py, the tiny preset at a peak
+# flow] in tft.synthetic.planted): measured with benchmarks/sample_skill.py, the tiny preset at a peak
 # rate of 0.003 is past the naive forecasts after 200 steps and ranks order_flow first by 600.
 # At 0.01 the input selection collapsed onto one volatility column and did not find the flow.
 DEMO_EPOCHS = 3
@@ -49,14 +50,14 @@ DEMO_LR = 0.003
 
 def _load_config(args: argparse.Namespace, **extra: Any) -> TrainConfig:
     """The run's settings: the ``--config`` file, then the command line, then ``extra``."""
-    from autockpt.training.config import load_train_config
+    from autockpt.training.options.config import load_train_config
 
     return load_train_config(args.config, {**overrides(args), **extra})
 
 
 def cmd_make_data(args: argparse.Namespace, console: Console) -> int:
-    """Write synthetic bars (``tft.synthetic``) to a Parquet file."""
-    from tft.synthetic import write_bars
+    """Write synthetic bars (``tft.synthetic.bars``) to a Parquet file."""
+    from tft.synthetic.bars import write_bars
 
     symbols = list(comma_list(args.symbols))
     path = write_bars(
@@ -71,8 +72,8 @@ def cmd_make_data(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     """Plan without training: the report (or JSON with --quiet), --json and --plot files."""
-    from autockpt.training.prepare import prepare
-    from autockpt.training.runs import write_text_atomic
+    from autockpt.training.setup.prepare import prepare
+    from autockpt.training.setup.runs import write_text_atomic
 
     check_plot_available(args.plot)
     config = _load_config(args)
@@ -103,13 +104,13 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_train(args: argparse.Namespace, console: Console) -> int:
     """Train; under ``torchrun`` every rank runs this (NOTE [Distributed training])."""
-    from autockpt.training.distributed import (
+    from autockpt.training.host.distributed import (
         process_group,
         resolve_parallelism,
         world_from_environment,
     )
-    from autockpt.training.runs import resume_run, resumed_config, start_run
-    from autockpt.training.settings import resolve_device
+    from autockpt.training.options.settings import resolve_device
+    from autockpt.training.setup.runs import resume_run, resumed_config, start_run
 
     world = world_from_environment()
     run: RunFolder | None = None
@@ -135,8 +136,8 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     """Briefly train the tiny model on the sample, under half its unplanned peak."""
-    from autockpt.training.prepare import prepare
-    from autockpt.training.runs import start_run
+    from autockpt.training.setup.prepare import prepare
+    from autockpt.training.setup.runs import start_run
 
     config = _load_config(
         args,
@@ -171,9 +172,9 @@ def _run_training(
     setup: Setup, run: RunFolder, console: Console, *, checkpoint: dict[str, Any] | None
 ) -> int:
     """Print the plan, then train with the reporter the rank and --quiet call for."""
-    from autockpt.training.distributed import SilentReporter
-    from autockpt.training.progress import JsonLinesReporter, Reporter, RichReporter
-    from autockpt.training.train import train
+    from autockpt.training.host.distributed import SilentReporter
+    from autockpt.training.host.progress import JsonLinesReporter, Reporter, RichReporter
+    from autockpt.training.loop.train import train
 
     reporter: Reporter
     if setup.world.is_main and plot_available():
@@ -220,7 +221,7 @@ def _run_training(
 
 def cmd_predict(args: argparse.Namespace, console: Console) -> int:
     """Write a trained run's quantile forecasts for a data file."""
-    from autockpt.training.predict import predict
+    from autockpt.training.forecasts.predict import predict
 
     result = predict(
         args.run,
@@ -235,7 +236,7 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
         f"{result.horizon}) to {result.path}"
     )
     if result.evaluation is not None:
-        from autockpt.training.progress import naive_text
+        from autockpt.training.host.progress import naive_text
 
         scores = result.evaluation
         naive = {name: s.record() for name, s in scores.naive.items()}
@@ -254,8 +255,8 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_interpret(args: argparse.Namespace, console: Console) -> int:
     """Print (and write) what a trained run's model looked at over a data file."""
-    from autockpt.training.interpret import interpret
-    from autockpt.training.runs import write_text_atomic
+    from autockpt.training.forecasts.interpret import interpret
+    from autockpt.training.setup.runs import write_text_atomic
 
     for value, flag in ((args.batch_size, "--batch-size"), (args.max_windows, "--max-windows")):
         if value is not None and value < 1:

@@ -1,6 +1,6 @@
 """``autockpt interpret`` on the terminal and as a picture: each input's mean selection weight,
 by group, and the attention by lag (NOTE [Reading the TFT's weights] in
-:mod:`autockpt.training.interpret`)."""
+:mod:`autockpt.training.forecasts.interpret`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from autockpt.training.interpret import InputImportance
+    from autockpt.training.forecasts.interpret import InputImportance
 
 #: The groups of inputs, as the table and the picture title them.
 GROUPS = {
@@ -53,7 +53,7 @@ def plot_importance(result: InputImportance, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from autockpt.training.runs import write_atomic
+    from autockpt.training.setup.runs import write_atomic
 
     rows = max(len(result.encoder), len(result.decoder), len(result.static), 4)
     figure, axes = plt.subplots(2, 2, figsize=(13, 3 + 0.25 * rows))

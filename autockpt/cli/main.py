@@ -2,9 +2,9 @@
 
 :func:`main` parses the arguments (:mod:`autockpt.cli.parser`), runs the subcommand's handler
 (:mod:`autockpt.cli.commands`) with a console on stdout (:mod:`autockpt.cli.console`) and returns
-its exit code. Every user mistake raises an :class:`~autockpt.errors.AutockptError`; :func:`main`
-prints it as one ``error: ...`` line on stderr and returns 2, with no traceback and nothing
-half-written.
+its exit code. Every user mistake raises one of ``USER_ERRORS``
+(:mod:`autockpt.training.options.user_errors`); :func:`main` prints it as one ``error: ...`` line on
+stderr and returns 2, with no traceback and nothing half-written.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from autockpt.cli.commands import EXIT_INTERRUPTED, HANDLERS
 from autockpt.cli.console import make_console
 from autockpt.cli.parser import build_parser
-from autockpt.errors import AutockptError
+from autockpt.training.options.user_errors import USER_ERRORS
 
 EXIT_USER_ERROR = 2
 
@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = HANDLERS[args.command]
     try:
         return int(handler(args, make_console()))
-    except AutockptError as error:
+    except USER_ERRORS as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:

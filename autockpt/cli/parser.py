@@ -4,7 +4,7 @@ Each subcommand is one small unit here: a name, a one-line summary, an example a
 adding its own arguments (:data:`SUBCOMMANDS`). The option groups shared by plan, train and demo
 are built once. The parser knows nothing of what the commands do; :mod:`autockpt.cli.main` looks
 the handler up by the subcommand's name. :func:`overrides` turns the parsed options into the
-:class:`~autockpt.training.config.TrainConfig` fields the user gave.
+:class:`~autockpt.training.options.config.TrainConfig` fields the user gave.
 
 Nothing here imports torch, so ``autockpt --help`` stays fast.
 """
@@ -32,7 +32,7 @@ def comma_list(text: str) -> tuple[str, ...]:
 
 # ---------------------------------------------------------------------------- config overrides
 
-#: The parsed options that are :class:`~autockpt.training.config.TrainConfig` fields.
+#: The parsed options that are :class:`~autockpt.training.options.config.TrainConfig` fields.
 CONFIG_KEYS = (
     "preset",
     "vram_budget",
@@ -134,6 +134,17 @@ def _add_model_options(parser: argparse.ArgumentParser, *, data: bool = True) ->
         const=False,
         help="recompute nothing (neither flag: the planner decides)",
     )
+    _add_column_options(parser)
+    parser.add_argument(
+        "--quiet",
+        action="store_const",
+        const=True,
+        help="print JSON lines instead of tables and bars",
+    )
+
+
+def _add_column_options(parser: argparse.ArgumentParser) -> None:
+    """The data file's columns and their roles, scaling, and the host memory the data holds."""
     roles = parser.add_argument_group("data columns")
     roles.add_argument("--target", metavar="COLUMN", help="column to forecast (default: close)")
     roles.add_argument(
@@ -193,12 +204,6 @@ def _add_model_options(parser: argparse.ArgumentParser, *, data: bool = True) ->
         metavar="DIR",
         help="row cache folder: stream the file through it whatever its size (default: "
         "data-cache/ beside the run folders, for a file too large for --max-host-memory)",
-    )
-    parser.add_argument(
-        "--quiet",
-        action="store_const",
-        const=True,
-        help="print JSON lines instead of tables and bars",
     )
 
 

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from autockpt.planner.plan_types import Plan, StepTimeline
+    from autockpt import Plan
+    from autockpt.planner.plan_types import StepTimeline
 
 
 #: The plan's picture a training run writes into its folder, where matplotlib is installed.
@@ -47,7 +48,7 @@ def plot_plan(plan: Plan, path: Path, *, budget_given: bool) -> None:
     matplotlib.use("Agg")  # a file, no window: here, not in plan_figure, which a notebook shows
     import matplotlib.pyplot as plt
 
-    from autockpt.training.runs import write_atomic
+    from autockpt.training.setup.runs import write_atomic
 
     figure = plan_figure(plan, budget_given=budget_given)
     write_atomic(path, lambda temporary: figure.savefig(temporary, format="png", dpi=120))

@@ -50,10 +50,10 @@ import torch
 from rich.console import Console
 
 import autockpt
+from autockpt import Plan
 from autockpt.errors import InfeasibleBudgetError, PlanMismatchError, PlanningError, TraceError
 from autockpt.lightning.forward_plan import InstalledForward, LossAfterForward, forward_inputs
 from autockpt.lightning.step import InstalledPlan, LightningStep, step_loss
-from autockpt.planner.plan_types import Plan
 
 __all__ = ["MemoryPlan"]
 
@@ -212,7 +212,7 @@ class MemoryPlan(pl.Callback):
     # ------------------------------------------------------------------ helpers
 
     def _print(self, plan: Plan) -> None:
-        from autockpt.cli.report import print_plan
+        from autockpt.plan_report import print_plan
 
         print_plan(Console(), plan, budget_given=True)
 

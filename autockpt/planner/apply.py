@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from autockpt.errors import PlanMismatchError
+from autockpt.planner.core.decisions import SegmentAction
 from autockpt.planner.plan_types import Plan
 from autockpt.planner.runtime.compiled_backend import compile_in_place
 from autockpt.planner.runtime.planned_chain import apply_module_plan
 from autockpt.planner.runtime.planned_graph import planned_module
-from autockpt.planner.runtime.segment_runners import SegmentAction
 from autockpt.planner.trace.fx_graph import COMPUTE_OPS, segments_from_node_lists, trace_graph
 
 

@@ -22,11 +22,11 @@ from autockpt.errors import (
     describe_error,
 )
 from autockpt.planner.compiled_search import MAX_COMPILES, plan_compiled
+from autockpt.planner.core.decisions import Parallelism
 from autockpt.planner.core.host_settings import cyclic_gc_paused, one_cpu_thread
 from autockpt.planner.core.train_eval import training_mode
 from autockpt.planner.core.units import Budget, format_bytes, parse_budget
 from autockpt.planner.measure.sharding import (
-    Parallelism,
     RankShare,
     fsdp_unit_paths,
     parameter_layouts,

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from autockpt.planner.measure.sharding import Parallelism
+from autockpt.planner.core.decisions import Parallelism
 
 Strategy = Literal["auto", "checkpoint-all", "checkpoint-none"]
 Tracing = Literal["fx", "forward-hooks"]

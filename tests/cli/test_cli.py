@@ -14,7 +14,7 @@ import torch
 
 import autockpt
 from autockpt.cli import main
-from autockpt.training.settings import SAMPLE_DATA
+from autockpt.training.options.settings import SAMPLE_DATA
 
 TINY = ["--preset", "tiny"]
 

@@ -1,5 +1,5 @@
 """``autockpt demo`` on the bundled sample learns something a naive forecast does not: it
-finds the planted order flow (NOTE [Planted order flow] in ``tft.planted``), beats the naive
+finds the planted order flow (NOTE [Planted order flow] in ``tft.synthetic.planted``), beats the naive
 forecasts, and ``interpret`` ranks the flow first among the past inputs. It also says what it
 planned and on what data, and writes a run folder."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from autockpt.cli import main
-from autockpt.training.interpret import interpret
-from autockpt.training.runs import BEST_FILE, LAST_FILE, RunFolder
-from autockpt.training.settings import SAMPLE_DATA
+from autockpt.training.forecasts.interpret import interpret
+from autockpt.training.options.settings import SAMPLE_DATA
+from autockpt.training.setup.runs import BEST_FILE, LAST_FILE, RunFolder
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import torch
 from rich.console import Console
 
 import autockpt
-from autockpt.cli.report import print_plan
+from autockpt.plan_report import print_plan
 from tests.helpers import MLPStack
 
 

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from autockpt.cli import main
-from autockpt.training import predict as predict_module
-from autockpt.training.settings import SAMPLE_DATA
+from autockpt.training.forecasts import predict as predict_module
+from autockpt.training.options.settings import SAMPLE_DATA
 
 STEPS = ["--preset", "tiny", "--epochs", "1", "--max-steps-per-epoch", "4", "--quiet"]
 

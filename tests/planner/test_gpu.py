@@ -22,8 +22,8 @@ pytestmark = [
 
 
 def _tft_225_on_cuda(batch_size: int = 32) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    from tft.config import get_preset
-    from tft.model import TemporalFusionTransformer
+    from tft.model.config import get_preset
+    from tft.model.transformer import TemporalFusionTransformer
 
     config = get_preset("tft-225")
     model = TemporalFusionTransformer(config).cuda()

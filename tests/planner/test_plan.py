@@ -14,8 +14,8 @@ import autockpt
 from autockpt.planner.verify import verify_plan
 from tests.helpers import BatchNormNet, MLPStack, OneHugeOp, TinyTransformer
 from tests.oracle import measured_step
-from tft.config import get_preset
-from tft.model import TemporalFusionTransformer
+from tft.model.config import get_preset
+from tft.model.transformer import TemporalFusionTransformer
 
 #: Where between the lowest plain-recompute budget (0) and the unplanned peak (1) to plan.
 BUDGET_FRACTIONS = (0.6, 0.1)

@@ -17,7 +17,7 @@ from rich.console import Console
 from torch import nn
 
 import autockpt
-from autockpt.cli.report import print_plan
+from autockpt.plan_report import print_plan
 from autockpt.planner.compiled_search import (
     REGION_FRACTION,
     Candidate,

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 import autockpt
-from autockpt.errors import DataError
 from tests.oracle import measured_step
 from tests.tft.futures import FUTURES_ROLES, futures_table, write_futures
-from tft.columns import ColumnRoles
-from tft.config import get_preset
-from tft.data import WindowedData, load_windows
-from tft.model import TemporalFusionTransformer
-from tft.normalize import Normalizer
+from tft.data.columns import ColumnRoles
+from tft.data.normalize import Normalizer
+from tft.data.windows import WindowedData, load_windows
+from tft.errors import DataError
+from tft.model.config import get_preset
+from tft.model.transformer import TemporalFusionTransformer
 
 WINDOW = {"encoder_length": 24, "horizon": 4}
 

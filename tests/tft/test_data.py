@@ -11,17 +11,17 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from autockpt.errors import ConfigError, DataError
-from tft.columns import ColumnRoles
-from tft.data import (
+from tft.data.columns import ColumnRoles
+from tft.data.normalize import Normalizer
+from tft.data.windows import (
     CALENDAR_COLUMNS,
     WindowDataset,
     WindowedData,
     iterate_batches,
     load_windows,
 )
-from tft.normalize import Normalizer
-from tft.synthetic import write_bars
+from tft.errors import ConfigError, DataError
+from tft.synthetic.bars import write_bars
 
 ENCODER, HORIZON = 30, 5
 NUM_FEATURES = 4

@@ -7,11 +7,11 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from autockpt.errors import ConfigError
-from tft.config import PRESET_NAMES, TFTConfig, get_preset
-from tft.layers import PerVariableGRN, PerVariableLinear
-from tft.loss import QuantileLoss, quantile_loss
-from tft.model import TemporalFusionTransformer
+from tft.errors import ConfigError
+from tft.model.config import PRESET_NAMES, TFTConfig, get_preset
+from tft.model.layers import PerVariableGRN, PerVariableLinear
+from tft.model.loss import QuantileLoss, quantile_loss
+from tft.model.transformer import TemporalFusionTransformer
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from autockpt.errors import DataError
-from tft.features import feature_names, features
-from tft.planted import FLOW_IMPACT
-from tft.synthetic import BARS_PER_SESSION, generate_bars, planted_truth, write_bars
+from tft.errors import DataError
+from tft.synthetic.bars import BARS_PER_SESSION, generate_bars, planted_truth, write_bars
+from tft.synthetic.features import feature_names, features
+from tft.synthetic.planted import FLOW_IMPACT
 
 BAR_COLUMNS = ["timestamp", "symbol", "open", "high", "low", "close", "volume", "order_flow"]
 NUM_FEATURES = 20

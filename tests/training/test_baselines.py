@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from autockpt.cli import main
-from autockpt.training.baselines import NaiveForecasts, skill
-from autockpt.training.config import TrainConfig
-from autockpt.training.evaluate import evaluate
-from autockpt.training.predict import predict
-from autockpt.training.prepare import Setup, prepare
-from autockpt.training.settings import SAMPLE_DATA
-from tft.loss import quantile_loss
+from autockpt.training.forecasts.evaluate import evaluate
+from autockpt.training.forecasts.predict import predict
+from autockpt.training.options.config import TrainConfig
+from autockpt.training.options.settings import SAMPLE_DATA
+from autockpt.training.setup.baselines import NaiveForecasts, skill
+from autockpt.training.setup.prepare import Setup, prepare
+from tft.model.loss import quantile_loss
 
 
 @pytest.fixture(scope="module")

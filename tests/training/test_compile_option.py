@@ -9,9 +9,9 @@ import torch
 
 from autockpt.cli import main
 from autockpt.cli.parser import build_parser, overrides
-from autockpt.training.config import TrainConfig
-from autockpt.training.runs import RunFolder
-from autockpt.training.settings import SAMPLE_DATA
+from autockpt.training.options.config import TrainConfig
+from autockpt.training.options.settings import SAMPLE_DATA
+from autockpt.training.setup.runs import RunFolder
 
 RUN = [
     *("--preset", "tiny", "--quiet", "--epochs", "1", "--max-steps-per-epoch", "2"),

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from autockpt.errors import BudgetError, ConfigError
-from autockpt.training.config import TrainConfig, load_train_config
-from autockpt.training.settings import column_roles
+from autockpt.training.options.config import TrainConfig, load_train_config
+from autockpt.training.options.settings import column_roles
 
 
 def write_toml(tmp_path: Path, text: str) -> Path:

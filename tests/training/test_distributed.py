@@ -22,11 +22,16 @@ from autockpt.cli import main
 from autockpt.errors import ConfigError
 from autockpt.planner.plan_types import Plan
 from autockpt.planner.training_step import training_step
-from autockpt.training.distributed import World, plan_digest, rank_slice, world_from_environment
-from autockpt.training.runs import PLAN_FILE, RunFolder
-from autockpt.training.settings import SAMPLE_DATA
+from autockpt.training.host.distributed import (
+    World,
+    plan_digest,
+    rank_slice,
+    world_from_environment,
+)
+from autockpt.training.options.settings import SAMPLE_DATA
+from autockpt.training.setup.runs import PLAN_FILE, RunFolder
 from tests.training.test_train import run_files
-from tft.data import Batch
+from tft.data.windows import Batch
 
 REPO = Path(__file__).resolve().parents[2]
 # Dropout off, so a step's result does not depend on which rank drew which mask.

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from autockpt.cli import main
-from autockpt.training.config import TrainConfig
-from autockpt.training.interpret import interpret
-from autockpt.training.prepare import prepare
-from autockpt.training.runs import RunFolder
+from autockpt.training.forecasts.interpret import interpret
+from autockpt.training.options.config import TrainConfig
+from autockpt.training.setup.prepare import prepare
+from autockpt.training.setup.runs import RunFolder
 from tests.cli.test_cli import assert_one_line, run_cli
-from tft.loss import quantile_loss
+from tft.model.loss import quantile_loss
 
 PLANTED = "flow"
 #: The planted column is the next bar's return (in its symbol's standard deviations) plus

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from autockpt.errors import RunError
-from autockpt.training.runs import (
+from autockpt.training.setup.runs import (
     CONFIG_FILE,
     LAST_FILE,
     RunFolder,

@@ -17,17 +17,17 @@ import torch
 
 import autockpt
 from autockpt.planner.core.memory_tracker import MemoryTracker
-from autockpt.training import step_memory
-from autockpt.training.config import TrainConfig
-from autockpt.training.prepare import prepare
-from autockpt.training.progress import JsonLinesReporter
-from autockpt.training.runs import RunFolder
-from autockpt.training.settings import SAMPLE_DATA
-from autockpt.training.step_memory import STEPS_MEASURED_AFTER_CHANGE, StepMemoryMeter
-from autockpt.training.train import Trainer
+from autockpt.training.host.progress import JsonLinesReporter
+from autockpt.training.loop import step_memory
+from autockpt.training.loop.step_memory import STEPS_MEASURED_AFTER_CHANGE, StepMemoryMeter
+from autockpt.training.loop.train import Trainer
+from autockpt.training.options.config import TrainConfig
+from autockpt.training.options.settings import SAMPLE_DATA
+from autockpt.training.setup.prepare import prepare
+from autockpt.training.setup.runs import RunFolder
 from tests.helpers import MLPStack
 from tests.oracle import LiveBytes, starting_tensors
-from tft.data import Batch
+from tft.data.windows import Batch
 
 
 class CountingTracker(MemoryTracker):

@@ -19,23 +19,23 @@ import autockpt
 from autockpt.cli import main
 from autockpt.cli.plot import plot_available
 from autockpt.errors import DeviceError
-from autockpt.training.config import TrainConfig
-from autockpt.training.prepare import prepare
-from autockpt.training.progress import JsonLinesReporter
-from autockpt.training.runs import (
+from autockpt.training.host.progress import JsonLinesReporter
+from autockpt.training.loop.train import Trainer
+from autockpt.training.options.config import TrainConfig
+from autockpt.training.options.schedule import learning_rate_factor
+from autockpt.training.options.settings import SAMPLE_DATA, resolve_device, resolve_precision
+from autockpt.training.setup.prepare import prepare
+from autockpt.training.setup.runs import (
     BEST_FILE,
     LAST_FILE,
     PLAN_FILE,
     RunFolder,
     saved_model_config,
 )
-from autockpt.training.schedule import learning_rate_factor
-from autockpt.training.settings import SAMPLE_DATA, resolve_device, resolve_precision
-from autockpt.training.train import Trainer
-from tft.config import TFTConfig, get_preset
-from tft.data import load_windows
-from tft.model import TemporalFusionTransformer
-from tft.normalize import Normalizer
+from tft.data.normalize import Normalizer
+from tft.data.windows import load_windows
+from tft.model.config import TFTConfig, get_preset
+from tft.model.transformer import TemporalFusionTransformer
 
 # Two epochs of three steps: enough for the schedule, validation, best/last files and resume.
 # At the default learning rate (0.001) six steps leave the untrained quantile head inverted (its

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.zoo.case import Batch, ZooCase
-from tft.config import TFTConfig, get_preset
-from tft.model import TemporalFusionTransformer
+from tft.model.config import TFTConfig, get_preset
+from tft.model.transformer import TemporalFusionTransformer
 
 
 class FunctionalDropout(nn.Module):

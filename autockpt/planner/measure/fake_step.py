@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_map_only
 from torch.utils.flop_counter import flop_registry
 
 from autockpt.planner.core.batch_split import batch_size_of, split_batch
+from autockpt.planner.core.decisions import SegmentAction
 from autockpt.planner.core.fake_scalars import FakeScalars
 from autockpt.planner.core.memory_tracker import (
     MemoryTracker,
@@ -50,7 +51,6 @@ from autockpt.planner.measure.step_profile import (
 )
 from autockpt.planner.runtime.planned_chain import build_module_planned
 from autockpt.planner.runtime.segment_runners import (
-    SegmentAction,
     adopt_state_of,
     build_segmented_module,
     collect_segment_grad_fns,

@@ -43,6 +43,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from autockpt.planner.core.batch_split import batch_size_of, take_samples
+from autockpt.planner.core.decisions import KEEP
 from autockpt.planner.core.fixed_randomness import FixedRandomness
 from autockpt.planner.core.host_settings import one_cpu_thread
 from autockpt.planner.measure.fake_step import default_loss
@@ -56,7 +57,7 @@ from autockpt.planner.measure.per_sample_probe import (
     tensors_in,
 )
 from autockpt.planner.measure.step_profile import LossFn
-from autockpt.planner.runtime.segment_runners import KEEP, build_segmented_module
+from autockpt.planner.runtime.segment_runners import build_segmented_module
 from autockpt.planner.trace.fx_graph import Segment, TracedModel
 from autockpt.planner.trace.module_chain import ModuleChain
 

@@ -5,7 +5,7 @@ The planner measures one process training the per-rank batch (NOTE [Step account
 ``N`` ranks each rank runs that same step, but holds the model's states differently:
 
 - ``single``: one process; nothing changes.
-- ``ddp`` (DistributedDataParallel, as :func:`autockpt.training.distributed.wrap` builds it): every rank
+- ``ddp`` (DistributedDataParallel, as :func:`autockpt.training.host.distributed.wrap` builds it): every rank
   holds all parameters ``P`` and all optimizer state ``O``. Gradients are views of DDP's bucket
   storage (``gradient_as_bucket_view=True``), allocated once and zeroed in place between steps,
   so all of ``G`` is live for the whole step, where one process with ``set_to_none`` holds none
@@ -46,13 +46,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-Parallelism = Literal["single", "ddp", "fsdp"]
-"""How the ranks share the work: one process, DistributedDataParallel, or FSDP2."""
+from autockpt.planner.core.decisions import Parallelism
 
 #: The unit name of parameters that belong to no leaf unit (FSDP's root unit).
 ROOT_UNIT = ""

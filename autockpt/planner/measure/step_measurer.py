@@ -21,6 +21,7 @@ from autockpt.planner.core.batch_split import (
     split_batch,
     take_samples,
 )
+from autockpt.planner.core.decisions import KEEP, SegmentAction
 from autockpt.planner.core.fake_copies import storages
 from autockpt.planner.core.memory_tracker import RealSizeOracle
 from autockpt.planner.measure.fake_step import FakeTrainingState, profile_step
@@ -31,7 +32,6 @@ from autockpt.planner.measure.scaled_step import (
     scaled_profile,
 )
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec, StepProfile
-from autockpt.planner.runtime.segment_runners import KEEP, SegmentAction
 from autockpt.planner.trace.fx_graph import Segment, TracedModel
 from autockpt.planner.trace.module_chain import ModuleChain
 

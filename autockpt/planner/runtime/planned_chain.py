@@ -17,8 +17,9 @@ import torch
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from autockpt.errors import PlanMismatchError
+from autockpt.planner.core.decisions import SegmentAction
 from autockpt.planner.runtime.chain_spans import Span
-from autockpt.planner.runtime.segment_runners import SegmentAction, SegmentObserver, SegmentRunner
+from autockpt.planner.runtime.segment_runners import SegmentObserver, SegmentRunner
 from autockpt.planner.trace.fx_graph import Segment
 from autockpt.planner.trace.module_chain import module_segments
 

@@ -41,12 +41,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from autockpt.planner.core.decisions import SegmentAction
 from autockpt.planner.core.train_eval import frozen_training_flags
-from autockpt.planner.runtime.segment_runners import (
-    SegmentAction,
-    SegmentRunner,
-    build_segmented_module,
-)
+from autockpt.planner.runtime.segment_runners import SegmentRunner, build_segmented_module
 from autockpt.planner.trace.fx_graph import Segment, trace_graph
 from autockpt.planner.trace.python_arguments import differing_argument, specialized_arguments
 

@@ -48,44 +48,17 @@ from __future__ import annotations
 import contextlib
 import operator
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 import torch.fx as fx
 from torch.utils.checkpoint import checkpoint
 
+from autockpt.planner.core.decisions import SegmentAction
 from autockpt.planner.core.memory_tracker import flat_tensors
 from autockpt.planner.runtime.compiled_backend import graph_of_its_own, in_own_graph
 from autockpt.planner.runtime.selective_recompute import COMPILED_CONTEXT_FN, selective_contexts
 from autockpt.planner.trace.fx_graph import COMPUTE_OPS, Segment
-
-
-@dataclass(frozen=True)
-class SegmentAction:
-    """What to do with one segment in the planned module.
-
-    Attributes:
-        recompute: drop its interior after forward and rebuild it in backward.
-        num_chunks: run it in this many pieces along the batch (only with ``recompute``).
-        input_batch_dims: for each of the segment's inputs, the dimension that carries the
-            batch (split into pieces), or ``None`` (passed whole to every piece).
-        output_batch_dims: for each output, the dimension the pieces are joined along.
-        selective: recompute only its cheap ops, the outputs of its matrix products kept
-            (NOTE [Selective recompute]; only with ``recompute``, in one piece).
-        region_fraction: compiled, the segment is a graph of its own at this activation
-            memory budget (NOTE [Per-region budgets]); None: it is traced with its neighbours.
-    """
-
-    recompute: bool = False
-    num_chunks: int = 1
-    input_batch_dims: tuple[int | None, ...] = ()
-    output_batch_dims: tuple[int, ...] = ()
-    selective: bool = False
-    region_fraction: float | None = None
-
-
-KEEP = SegmentAction()
 
 
 class SegmentObserver(Protocol):

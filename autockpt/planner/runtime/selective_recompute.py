@@ -88,10 +88,6 @@ COMPILED_CONTEXT_FN = functools.partial(
 )
 
 
-#: The chain option's label, and the plan's reason for a segment so recomputed.
-SELECTIVE = "recompute cheap ops"
-
-
 def may_recompute_selectively(traced: TracedModel | ModuleChain, segment: Segment) -> bool:
     """Whether ``segment`` may be recomputed selectively (NOTE [Selective recompute]): a
     segment of a traced model that may be recomputed at all, and holds no custom Function and

@@ -24,8 +24,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
+from autockpt.planner.core.decisions import KEEP
 from autockpt.planner.core.memory_tracker import flat_tensors
-from autockpt.planner.runtime.segment_runners import KEEP, build_segmented_module
+from autockpt.planner.runtime.segment_runners import build_segmented_module
 from autockpt.planner.runtime.selective_recompute import KEPT_OPS, may_recompute_selectively
 from autockpt.planner.trace.fx_graph import TracedModel
 from autockpt.planner.trace.inplace_writes import WriteRecorder

@@ -21,8 +21,8 @@ and actions by :mod:`autockpt.planner.solve.chain_decoding`.
 
 from __future__ import annotations
 
+from autockpt.planner.core.decisions import SELECTIVE
 from autockpt.planner.measure.separability import Separability
-from autockpt.planner.runtime.selective_recompute import SELECTIVE
 from autockpt.planner.solve.chain_positions import ChainPositions, Profiles
 from autockpt.planner.solve.chain_solver import Chain, Option
 from autockpt.planner.solve.chain_terms import (

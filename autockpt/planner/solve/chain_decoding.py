@@ -8,10 +8,9 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
+from autockpt.planner.core.decisions import KEEP, SELECTIVE, SegmentAction
 from autockpt.planner.measure.separability import Separability
 from autockpt.planner.measure.step_profile import StepProfile
-from autockpt.planner.runtime.segment_runners import KEEP, SegmentAction
-from autockpt.planner.runtime.selective_recompute import SELECTIVE
 from autockpt.planner.solve.chain_positions import ChainPositions, Profiles
 from autockpt.planner.solve.chain_solver import Chain, Solution
 from autockpt.planner.trace.fx_graph import Segment, TracedModel, segments_from_node_lists

@@ -3,8 +3,8 @@ budget. The plan still reports its measured peak and the minimum the planner cou
 
 from __future__ import annotations
 
+from autockpt.planner.core.decisions import SegmentAction
 from autockpt.planner.measure.step_measurer import StepMeasurer
-from autockpt.planner.runtime.segment_runners import SegmentAction
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_decoding import ChosenPlan, Decision
 from autockpt.planner.solve.chain_positions import Profiles

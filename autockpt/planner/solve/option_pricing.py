@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from autockpt.planner.runtime.segment_runners import SegmentAction
+from autockpt.planner.core.decisions import SegmentAction
 from autockpt.planner.solve.chain_decoding import Decision
 from autockpt.planner.solve.chain_solver import Chain, Solution
 from autockpt.planner.timing.time_model import Cost, StepCosts, timed_s

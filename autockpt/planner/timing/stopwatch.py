@@ -59,15 +59,11 @@ from typing import Any
 import torch
 
 from autockpt.planner.core.batch_split import batch_size_of, take_samples
+from autockpt.planner.core.decisions import KEEP, SegmentAction
 from autockpt.planner.core.memory_tracker import flat_tensors
 from autockpt.planner.measure.fake_step import default_loss, make_optimizer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
-from autockpt.planner.runtime.segment_runners import (
-    KEEP,
-    SegmentAction,
-    SegmentRunner,
-    build_segmented_module,
-)
+from autockpt.planner.runtime.segment_runners import SegmentRunner, build_segmented_module
 from autockpt.planner.timing.segment_clock import (
     Captured,
     NoObserver,

@@ -181,7 +181,7 @@ def _fsdp_worker(rank: int, world_size: int, port: int, out: str) -> None:
     """One rank: shard the planned Net (every segment recomputed), one AdamW step, report."""
     import torch.distributed as dist
 
-    from autockpt.training.distributed import shard
+    from autockpt.training.host.distributed import shard
 
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -222,7 +222,7 @@ def _fsdp_worker(rank: int, world_size: int, port: int, out: str) -> None:
         dist.all_gather_object(reports, report)
         if rank == 0:
             Path(out).write_text(json.dumps(reports))
-        dist.barrier()  # leave together (see autockpt.training.distributed.process_group)
+        dist.barrier()  # leave together (see autockpt.training.host.distributed.process_group)
     finally:
         dist.destroy_process_group()
 

@@ -13,7 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import autockpt
 from autockpt.planner import pipeline
-from autockpt.planner.runtime.selective_recompute import SELECTIVE, may_recompute_selectively
+from autockpt.planner.core.decisions import SELECTIVE
+from autockpt.planner.runtime.selective_recompute import may_recompute_selectively
 from autockpt.planner.runtime.selective_safety import selective_segments
 from autockpt.planner.trace.module_chain import trace_or_find_modules
 from tests.conftest import FIXED_TIME_MODEL

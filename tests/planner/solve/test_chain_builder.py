@@ -7,13 +7,13 @@ import itertools
 import pytest
 import torch
 
+from autockpt.planner.core.decisions import KEEP, SegmentAction
 from autockpt.planner.measure.fake_step import FakeTrainingState, profile_step
-from autockpt.planner.runtime.segment_runners import KEEP, SegmentAction
 from autockpt.planner.solve.chain_terms import recompute_lower_bound_bytes
 from autockpt.planner.trace.fx_graph import trace_model
 from tests.helpers import MLPStack, TinyTransformer
-from tft.config import get_preset
-from tft.model import TemporalFusionTransformer
+from tft.model.config import get_preset
+from tft.model.transformer import TemporalFusionTransformer
 
 
 def _tiny_tft() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:

@@ -12,9 +12,9 @@ from torch import nn
 
 import autockpt
 from autockpt.planner import pipeline
+from autockpt.planner.core.decisions import KEEP
 from autockpt.planner.measure.fake_step import FakeTrainingState, profile_step
 from autockpt.planner.measure.step_profile import StepProfile
-from autockpt.planner.runtime.segment_runners import KEEP
 from autockpt.planner.solve.whole_plan_timing import StepRunner
 from autockpt.planner.timing import calibration
 from autockpt.planner.timing.calibration import TimeModel

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import autockpt
+from autockpt.planner.core.decisions import KEEP, SegmentAction
 from autockpt.planner.measure.fake_step import FakeTrainingState, profile_step
 from autockpt.planner.measure.step_profile import StepProfile
-from autockpt.planner.runtime.segment_runners import KEEP, SegmentAction
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_positions import Profiles, unit_segments
 from autockpt.planner.solve.chain_solver import minimum_peak

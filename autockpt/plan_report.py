@@ -1,0 +1,159 @@
+"""The plan report: the memory plan as a table with a few lines of totals under it.
+
+:func:`print_plan` shows what the planner chose, one row per segment: its activation memory
+(with a bar against the largest), whether it is kept or recomputed (and in how many chunks), and
+what recomputing it costs. Under the table: the budget, the predicted peak and its breakdown, the
+step time the plan adds (signed: a plan can be faster than the plain step; a note says whether
+the times were timed on the real model or estimated), micro-batching and the planner's notes.
+The command line's ``plan``, ``train`` and ``demo`` print it after the columns table
+(:mod:`autockpt.cli.report`); the Lightning callback prints it when it has planned.
+
+On a terminal rich fits the table to the window (folding long segment names); in a file or a
+pipe the console from :func:`autockpt.cli.console.make_console` is wide enough that every column
+is printed in full and every row on one line.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from autockpt.planner.core.units import format_bytes
+
+if TYPE_CHECKING:
+    from autockpt.planner.plan_types import Plan
+
+
+def _bar(fraction: float, width: int = 12) -> str:
+    filled = max(0, min(width, round(fraction * width)))
+    return "█" * filled + "·" * (width - filled)
+
+
+def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
+    """The plan as a table: per-segment memory bars, actions, the peak and its breakdown."""
+    console.print(_segment_table(plan))
+    _print_summary(console, plan, budget_given=budget_given)
+
+
+def _segment_table(plan: Plan) -> Table:
+    """One row per segment: what it keeps, as bytes and a bar, and what the plan does."""
+    largest = max((s.saved_bytes for s in plan.segments), default=1) or 1
+    ranks = (
+        f"batch {plan.batch_size} per rank, {plan.world_size} ranks {plan.parallelism}"
+        if plan.world_size > 1
+        else f"batch {plan.batch_size}"
+    )
+    table = Table(title=f"memory plan ({plan.strategy}, {ranks}, {plan.device})")
+    table.add_column("#", justify="right")
+    table.add_column("segment", overflow="fold", min_width=20)
+    table.add_column("activations", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    table.add_column("plan")
+    table.add_column("recompute", justify="right", no_wrap=True)
+    compiled = plan.compile_fraction is not None
+    if compiled:
+        # Each segment's activation memory budget: its own graph's, or the step's.
+        table.add_column("compile", justify="right", no_wrap=True)
+    for index, segment in enumerate(plan.segments):
+        if segment.compile_fraction is not None:
+            action = "[cyan]own graph, compile recomputes[/cyan]"
+        elif not segment.recomputed:
+            action = "[green]kept[/green]"
+        elif segment.num_chunks > 1:
+            action = f"[yellow]recomputed, {segment.num_chunks} chunks[/yellow]"
+        else:
+            action = "[yellow]recomputed[/yellow]"
+        row = [
+            str(index),
+            segment.name,
+            format_bytes(segment.saved_bytes),
+            _bar(segment.saved_bytes / largest),
+            action,
+            f"{segment.recompute_s * 1000:.2f} ms" if segment.recomputed else "-",
+        ]
+        if compiled:
+            own = segment.compile_fraction
+            row.append(f"{own if own is not None else plan.compile_fraction:g}")
+        table.add_row(*row)
+    return table
+
+
+def _print_summary(console: Console, plan: Plan, *, budget_given: bool) -> None:
+    """The lines under the table: budget, ranks, peak, planning, breakdown, time, notes."""
+    breakdown = plan.breakdown
+    parts = [
+        ("parameters", breakdown.parameters_bytes),
+        ("gradients", breakdown.gradients_bytes),
+        ("optimizer state", breakdown.optimizer_state_bytes),
+        ("batch (inputs, targets)", breakdown.inputs_bytes),
+        ("activations", breakdown.activations_bytes),
+        ("transient", breakdown.transient_bytes),
+        ("gathered by FSDP", breakdown.gathered_bytes),
+        ("CUDA context", breakdown.context_bytes),
+        ("allocator headroom", breakdown.headroom_bytes),
+    ]
+    per_rank = " per rank" if plan.world_size > 1 else ""
+    console.print(
+        "budget:        " + (plan.budget_reading + per_rank if budget_given else _no_budget_text())
+    )
+    if plan.world_size > 1:
+        held = "its shards of " if plan.parallelism == "fsdp" else "all of "
+        console.print(
+            f"ranks:         {plan.world_size} ({plan.parallelism}); each holds {held}the "
+            "parameters, gradients and optimizer state; the peak and breakdown are one rank's"
+        )
+    verdict = "[green]fits[/green]" if plan.fits else "[red]does not fit[/red]"
+    against = f" of budget {format_bytes(plan.budget_bytes)} ({verdict})" if budget_given else ""
+    if plan.compile_fraction is None:
+        console.print(
+            f"peak:          {format_bytes(plan.predicted_peak_bytes)} predicted{against}; "
+            f"{format_bytes(plan.unplanned_peak_bytes)} with nothing recomputed; minimum about "
+            f"{format_bytes(plan.minimum_feasible_bytes)} (the planner's estimate)"
+        )
+    else:
+        regions = sum(segment.compile_fraction is not None for segment in plan.segments)
+        console.print(
+            f"compiled:      torch.compile (inductor) at activation memory budget "
+            f"{plan.compile_fraction:g}"
+            + (f", {regions} segments in graphs of their own at theirs" if regions else "")
+            + "; the peak and step times are of compiled steps, measured (the allocator's "
+            "count) and timed"
+        )
+        console.print(
+            f"peak:          {format_bytes(plan.predicted_peak_bytes)} measured{against}; "
+            f"{format_bytes(plan.unplanned_peak_bytes)} plain compiled; lowest compiled step "
+            f"tried {format_bytes(plan.minimum_feasible_bytes)}"
+        )
+    if plan.planning_peak_bytes:
+        console.print(
+            f"planning:      held {format_bytes(plan.planning_peak_bytes)} at its peak, model "
+            f"and batch included, in {plan.planning_s:.1f} s"
+        )
+    console.print(
+        "breakdown:     "
+        + per_rank.strip()
+        + (": " if per_rank else "")
+        + ", ".join(f"{name} {format_bytes(size)}" for name, size in parts if size)
+    )
+    # Signed: a plan measured faster than the plain step (smaller chunks can be) saves time.
+    overhead = plan.predicted_extra_s / plan.unplanned_step_s if plan.unplanned_step_s else 0.0
+    selective = sum(s.selective for s in plan.segments)
+    console.print(
+        f"step time:     {plan.predicted_extra_s * 1000:+.2f} ms predicted over "
+        f"{plan.unplanned_step_s * 1000:.2f} ms ({overhead:+.0%}); "
+        f"{plan.num_recomputed} of {len(plan.segments)} segments recomputed"
+        + (f" ({selective} only their cheap ops)" if selective else "")
+    )
+    if plan.num_micro_batches > 1:
+        console.print(
+            f"micro-batches: {plan.num_micro_batches} of at most "
+            f"{-(-plan.batch_size // plan.num_micro_batches)} samples, gradients accumulated"
+        )
+    for note in plan.notes:
+        console.print(f"note:          {note}")
+
+
+def _no_budget_text() -> str:
+    return "none given: on the CPU training is not limited (pass --vram-budget to plan for one)"

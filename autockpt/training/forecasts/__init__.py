@@ -1,0 +1,2 @@
+"""What a model forecasts and how well: validation scores against the naive forecasts,
+forecasts written for a file, and what the model learned (interpretation)."""

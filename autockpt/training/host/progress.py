@@ -1,0 +1,221 @@
+"""What a training run shows while it works: rich progress bars, or JSON lines for scripts.
+
+The trainer hands every reporter the same plain records it writes to ``metrics.jsonl``
+(``{"kind": "step" | "epoch" | "event" | "summary", ...}``), so the screen, the log and the file
+never disagree. Sizes are ``*_bytes`` ints; they are formatted only here. Memory is measured on
+a sample of the steps (NOTE [Enforcing the budget] in :mod:`autockpt.training.loop.step_memory`): a
+step record's ``peak_bytes`` is None when it was not, and the bars then show the last measured
+peak with the step it comes from.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any, Protocol, TextIO
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from autockpt import format_bytes
+
+Record = Mapping[str, Any]
+
+
+class Reporter(Protocol):
+    """Receives the trainer's records as they happen."""
+
+    def start(self, *, num_epochs: int, first_epoch: int, steps_per_epoch: int) -> None: ...
+    def step(self, record: Record) -> None: ...
+    def epoch(self, record: Record) -> None: ...
+    def event(self, record: Record) -> None: ...
+    def finish(self, summary: Record) -> None: ...
+
+
+#: How the naive forecasts (NOTE [Naive forecasts]) are named on the terminal.
+_NAIVE_LABELS = {"no_change": "no change", "quantiles": "quantiles"}
+
+
+def _skill_text(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.1%}"
+
+
+def _naive_text(record: Record) -> str:
+    naive = record.get("val_naive")
+    return naive_text(naive, record.get("val_skill")) if naive else ""
+
+
+def naive_text(naive: dict[str, dict[str, Any]], skill: float | None) -> str:
+    """``"  | naive (loss/MAE/RMSE): no change 0.18/0.00015/0.00021, ...  skill +2.1%"``: each
+    naive forecast's scores (as ``Scores.record`` gives them) and the model's skill over the
+    better one."""
+    parts = ", ".join(
+        f"{_NAIVE_LABELS[name]} {s['loss']:.4f}/{s['mae']:.4g}/{s['rmse']:.4g}"
+        for name, s in naive.items()
+    )
+    return f"  | naive (loss/MAE/RMSE): {parts}  skill {_skill_text(skill)}"
+
+
+def memory_text(peak_bytes: int | None, budget_bytes: int | None) -> str:
+    """``"120.00 MiB / 200.00 MiB (60%)"``, or just the peak when there is no budget."""
+    if peak_bytes is None:
+        return "n/a"
+    if budget_bytes is None:
+        return format_bytes(peak_bytes)
+    return f"{format_bytes(peak_bytes)} / {format_bytes(budget_bytes)} ({peak_bytes / budget_bytes:.0%})"
+
+
+def _share_text(peak_bytes: int, budget_bytes: int | None) -> str:
+    """Short form for the progress bar: ``"52% of budget"``, or the size without one."""
+    if budget_bytes is None:
+        return format_bytes(peak_bytes)
+    return f"{peak_bytes / budget_bytes:.0%} of budget"
+
+
+class JsonLinesReporter:
+    """Prints each record as one JSON object per line (``--quiet``)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream if stream is not None else sys.stdout
+
+    def _print(self, record: Record) -> None:
+        self._stream.write(json.dumps(dict(record), sort_keys=True) + "\n")
+        self._stream.flush()
+
+    def start(self, *, num_epochs: int, first_epoch: int, steps_per_epoch: int) -> None:
+        self._print(
+            {
+                "kind": "start",
+                "num_epochs": num_epochs,
+                "first_epoch": first_epoch,
+                "steps_per_epoch": steps_per_epoch,
+            }
+        )
+
+    def step(self, record: Record) -> None:
+        self._print(record)
+
+    def epoch(self, record: Record) -> None:
+        self._print(record)
+
+    def event(self, record: Record) -> None:
+        self._print(record)
+
+    def finish(self, summary: Record) -> None:
+        self._print(summary)
+
+
+class RichReporter:
+    """An epoch bar and a step bar with loss, samples/s and peak memory against the budget."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=20),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=console,
+            transient=False,
+        )
+        self._epochs: TaskID | None = None
+        self._steps: TaskID | None = None
+        self._steps_per_epoch = 0
+        self._last_peak: tuple[int, int] | None = None
+        """(step, peak bytes) of the last measured step."""
+
+    def start(self, *, num_epochs: int, first_epoch: int, steps_per_epoch: int) -> None:
+        self._steps_per_epoch = steps_per_epoch
+        self._progress.start()
+        self._epochs = self._progress.add_task(
+            "epochs", total=num_epochs, completed=first_epoch, info=""
+        )
+        self._steps = self._progress.add_task("steps ", total=steps_per_epoch, info="")
+
+    def step(self, record: Record) -> None:
+        assert self._steps is not None, "start() comes first"
+        if record["peak_bytes"] is not None:
+            self._last_peak = (record["step"], record["peak_bytes"])
+        info = f"loss {record['loss']:.4f}  {record['samples_per_s']:,.0f} samples/s"
+        if self._last_peak is not None:
+            step, peak = self._last_peak
+            sampled = "" if step == record["step"] else f" (sampled at step {step})"
+            info += f"  peak {_share_text(peak, record['budget_bytes'])}{sampled}"
+        if record["step_in_epoch"] == 1:
+            self._progress.reset(self._steps, total=self._steps_per_epoch)
+        self._progress.update(self._steps, completed=record["step_in_epoch"], info=info)
+
+    def epoch(self, record: Record) -> None:
+        assert self._epochs is not None and self._steps is not None, "start() comes first"
+        self._progress.update(self._epochs, completed=record["epoch"], info="")
+        val = record.get("val_loss")
+        val_text = (
+            f"val {val:.4f}  MAE {record['val_mae']:.4g}  RMSE {record['val_rmse']:.4g}  "
+            f"coverage {record['val_coverage']:.0%}{_naive_text(record)}"
+            if val is not None
+            else "no validation windows"
+        )
+        marker = "  [green]best[/green]" if record.get("improved") else ""
+        peak = record.get("peak_bytes")
+        peak_text = (
+            f"  peak {memory_text(peak, record.get('budget_bytes'))} "
+            f"({record['num_measured_steps']} steps measured)"
+            if peak is not None
+            else ""
+        )
+        self._progress.console.print(
+            f"epoch {record['epoch']}/{record['num_epochs']}  train {record['train_loss']:.4f}  "
+            f"{val_text}{peak_text}  {record['epoch_s']:.1f} s{marker}"
+        )
+
+    def event(self, record: Record) -> None:
+        self._progress.console.print(f"[yellow]{record['message']}[/yellow]")
+
+    def finish(self, summary: Record) -> None:
+        self._progress.stop()
+        table = Table(title="training run", show_header=False)
+        table.add_column("what")
+        table.add_column("value")
+        table.add_row("run folder", str(summary["run_dir"]))
+        table.add_row("epochs", f"{summary['epochs_done']} ({summary['stopped']})")
+        table.add_row("steps", str(summary["global_step"]))
+        if summary.get("best_val_loss") is not None:
+            table.add_row("best validation loss", f"{summary['best_val_loss']:.4f}")
+        if summary.get("naive_val_loss"):
+            naive = ", ".join(
+                f"{_NAIVE_LABELS[k]} {v:.4f}" for k, v in summary["naive_val_loss"].items()
+            )
+            table.add_row("naive forecasts", naive)
+            table.add_row("skill (best over naive)", _skill_text(summary.get("best_val_skill")))
+        measure, peak = summary["memory_measure"], summary.get("peak_bytes")
+        if peak is None:
+            table.add_row("peak memory", measure)
+        else:
+            measured = f"{summary['num_measured_steps']} of {summary['global_step']} steps measured"
+            table.add_row(
+                "peak memory",
+                f"{memory_text(peak, summary.get('budget_bytes'))} ({measure}; {measured})",
+            )
+        if summary.get("budget_bytes") is not None:
+            within = (
+                summary["peak_bytes"] is not None
+                and summary["peak_bytes"] <= summary["budget_bytes"]
+            )
+            table.add_row("within budget", "[green]yes[/green]" if within else "[red]no[/red]")
+        table.add_row("mean step time", f"{summary['mean_step_s'] * 1000:.1f} ms")
+        if "data_wait_share" in summary:
+            table.add_row(
+                "waiting for data",
+                f"{summary['data_wait_s']:.2f} s ({summary['data_wait_share']:.1%} of step time)",
+            )
+        self._console.print(table)

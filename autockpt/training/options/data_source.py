@@ -1,0 +1,82 @@
+"""Where a run's windows come from: memory for a file that fits the host's share, a row cache
+on disk for one that does not (NOTE [Row cache] in :mod:`tft.data.row_cache`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from autockpt import format_bytes, parse_budget
+from autockpt.errors import BudgetError, ConfigError
+from tft.data.columns import ColumnRoles
+from tft.data.normalize import Normalizer
+from tft.data.row_cache import cache_folder
+from tft.data.streamed_windows import in_memory_bytes, stream_windows
+from tft.data.windows import WindowedData, load_windows
+
+__all__ = ["CACHE_FOLDER", "read_windows"]
+
+CACHE_FOLDER = "data-cache"
+"""The folder beside the run folders that holds the row caches of streamed files."""
+
+
+def read_windows(
+    path: Path,
+    *,
+    roles: ColumnRoles | None,
+    encoder_length: int,
+    horizon: int,
+    split_fractions: Sequence[float] | None = (0.7, 0.15, 0.15),
+    normalizer: Normalizer | None = None,
+    max_host_memory: str,
+    cache: Path | None,
+    runs_root: Path,
+) -> tuple[WindowedData, str | None]:
+    """The windows of ``path``, and a note when they are streamed from a row cache.
+
+    Args:
+        max_host_memory: the host memory the data may hold (``--max-host-memory``); a file
+            whose rows need more in memory is streamed.
+        cache: the row cache folder the user named (``--data-cache``): the file is streamed
+            through it whatever its size, and a folder holding another file's cache is refused.
+        runs_root: the folder of the run folders; the default cache is under it.
+
+    Raises:
+        DataError, ConfigError: as :func:`tft.data.windows.load_windows`.
+    """
+    try:
+        limit = parse_budget(max_host_memory).bytes
+    except BudgetError:
+        raise ConfigError(
+            f"--max-host-memory {max_host_memory!r} is not a size; write it like 1GB, 800MB or 2GiB"
+        ) from None
+    needed = in_memory_bytes(path)
+    if cache is None and needed <= limit:
+        data = load_windows(
+            path,
+            roles=roles,
+            encoder_length=encoder_length,
+            horizon=horizon,
+            split_fractions=split_fractions,
+            normalizer=normalizer,
+        )
+        return data, None
+    folder = cache if cache is not None else cache_folder(runs_root / CACHE_FOLDER, path)
+    data = stream_windows(
+        path,
+        folder,
+        max_host_bytes=limit,
+        roles=roles,
+        encoder_length=encoder_length,
+        horizon=horizon,
+        split_fractions=split_fractions,
+        normalizer=normalizer,
+        check_source=cache is not None,
+    )
+    why = (
+        "--data-cache was given"
+        if cache is not None
+        else f"its rows need about {format_bytes(needed)} in memory, more than "
+        f"--max-host-memory {max_host_memory}"
+    )
+    return data, f"{path}: streamed from the row cache {folder} ({why})"

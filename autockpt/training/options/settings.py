@@ -1,0 +1,100 @@
+"""The run's settings resolved from a :class:`~autockpt.training.options.config.TrainConfig`.
+
+Each function turns one option into what the run uses: the device, the autocast dtype, the
+budget, the data file and its column roles, the loss, the seeds. They read and check; none
+writes anything, so a bad option ends the run before anything is on disk.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from autockpt import Budget, parse_budget
+from autockpt.errors import DataError, DeviceError
+from autockpt.training.options.config import TrainConfig
+from tft.data.columns import ColumnRoles
+
+#: The bundled sample, found from the source tree (``train`` and ``demo`` without a file).
+SAMPLE_DATA = Path(__file__).resolve().parents[3] / "examples" / "data" / "sample.parquet"
+
+
+def resolve_device(choice: str) -> torch.device:
+    """``cpu``, ``cuda`` or ``auto`` -> a device; ``cuda`` without a GPU is a user error."""
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(
+            "--device cuda was asked for but PyTorch sees no CUDA GPU here; use --device cpu "
+            "(or auto), or install a CUDA build of PyTorch on a machine with a GPU"
+        )
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(choice)
+
+
+def resolve_precision(choice: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype (None = plain fp32): bf16 on GPUs with it, fp16 on older GPUs."""
+    if choice == "auto":
+        if device.type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if choice == "fp16" and device.type != "cuda":
+        raise DeviceError("--precision fp16 needs a CUDA GPU; use fp32 or bf16 on the CPU")
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[choice]
+
+
+def resolve_budget(text: str | None, device: torch.device) -> Budget | None:
+    """The budget to plan for: as given, ``auto`` on CUDA when unset, no limit on the CPU."""
+    if text is None:
+        return parse_budget("auto", device=device) if device.type == "cuda" else None
+    return parse_budget(text, device=device)
+
+
+def resolve_data_path(config: TrainConfig) -> tuple[Path, str | None]:
+    """The data file and, when it is the bundled sample, a note saying so."""
+    if config.data is not None:
+        return config.data, None
+    if not SAMPLE_DATA.is_file():
+        raise DataError(
+            f"no data file given and the bundled sample {SAMPLE_DATA} is missing; pass a "
+            "Parquet file, or make one with `autockpt make-data bars.parquet --days 15`"
+        )
+    return SAMPLE_DATA, f"no data file given: using the bundled sample {SAMPLE_DATA}"
+
+
+def column_roles(config: TrainConfig) -> ColumnRoles:
+    """The data module's roles, with only the options the user set."""
+    given = {
+        "target": config.target,
+        "target_transform": config.target_transform,
+        "symbol": config.symbol_column,
+        "timestamp": config.timestamp_column,
+        "known": config.known_columns,
+        "observed": config.observed_columns,
+        "static": config.static_columns,
+        "categorical": config.categorical_columns,
+        "ignore": config.ignore_columns,
+        "scaling": config.scaling,
+    }
+    return ColumnRoles.model_validate(
+        {
+            key: list(value) if isinstance(value, tuple) else value
+            for key, value in given.items()
+            if value is not None
+        }
+    )
+
+
+def default_run_dir(config: TrainConfig) -> Path:
+    """``runs/<preset>-<date>-<time>`` under the current folder."""
+    return Path("runs") / f"{config.preset}-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch (CPU and CUDA), numpy and Python's ``random``."""
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)

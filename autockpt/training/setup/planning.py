@@ -1,0 +1,71 @@
+"""The run's plan: :func:`autockpt.plan` called for the TFT as the run's settings say.
+
+Planning draws random numbers (calibration, probes); it runs under ``fork_rng`` so that the
+streams training draws from are untouched (NOTE [Exact resume] in :mod:`autockpt.training.setup.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import autockpt
+from autockpt import Budget, Parallelism, Plan
+from autockpt.training.options.config import TrainConfig
+from tft.model.loss import QuantileLoss
+
+#: What "no limit" plans against on the CPU when no budget is given: far above any step.
+UNLIMITED_BYTES = 2**60
+
+
+def make_plan(
+    model: torch.nn.Module,
+    example_inputs: tuple[torch.Tensor, ...],
+    example_targets: tuple[torch.Tensor, ...],
+    budget: Budget | None,
+    *,
+    loss_fn: QuantileLoss,
+    device: torch.device,
+    config: TrainConfig,
+    autocast_dtype: torch.dtype | None,
+    world_size: int = 1,
+    parallelism: Parallelism = "single",
+) -> Plan:
+    """Plan without touching the random streams training draws from (NOTE [Exact resume]).
+
+    The plan is for one of ``world_size`` ranks sharing the model by ``parallelism``.
+    """
+    planned_for = budget if budget is not None else unlimited_budget()
+    # NOTE [Compiled plans]: with --compile and a budget, the plan is searched for among
+    # compiled steps measured for real; without a budget nothing needs fitting, and the
+    # trainer compiles the plain plan itself. The search plans one process in full precision.
+    compiled_search = (
+        config.compile
+        and budget is not None
+        and world_size == 1
+        and autocast_dtype is None
+        and config.use_gradient_checkpointing is None
+    )
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        return autockpt.plan(
+            model,
+            example_inputs,
+            planned_for,
+            loss_fn=loss_fn,
+            example_targets=example_targets,
+            optimizer="adamw",
+            device=device,
+            use_gradient_checkpointing=config.use_gradient_checkpointing,
+            autocast_dtype=autocast_dtype,
+            world_size=world_size,
+            parallelism=parallelism,
+            compile=compiled_search,
+        )
+
+
+def unlimited_budget() -> Budget:
+    return Budget(
+        bytes=UNLIMITED_BYTES,
+        text="none",
+        reading="no --vram-budget on the CPU: training is not limited (give one to plan for it)",
+    )

@@ -1,0 +1,235 @@
+"""From a :class:`~autockpt.training.options.config.TrainConfig` to everything a run needs before its first step.
+
+:func:`prepare` resolves the device and precision, reads the budget, loads the data windows,
+builds the TFT from the preset and the data's dimensions, and plans its training step. It writes
+nothing but the row cache of a file too large for memory (NOTE [Row cache], written whole or
+not at all), so the ``plan`` command stops here and a bad input leaves no trace; ``train`` goes
+on to :mod:`autockpt.training.loop.train`.
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from autockpt import Budget, Parallelism, Plan
+from autockpt.errors import DataError
+from autockpt.training.host.distributed import (
+    SINGLE_PROCESS,
+    World,
+    agree_on_plan,
+    main_first,
+    resolve_parallelism,
+)
+from autockpt.training.host.host_tuning import HostTuning
+from autockpt.training.host.host_tuning import tune_host as tune_process
+from autockpt.training.options.config import TrainConfig
+from autockpt.training.options.data_source import read_windows
+from autockpt.training.options.settings import (
+    column_roles,
+    default_run_dir,
+    resolve_budget,
+    resolve_data_path,
+    resolve_device,
+    resolve_precision,
+    seed_everything,
+)
+from autockpt.training.setup.baselines import NaiveForecasts
+from autockpt.training.setup.planning import make_plan
+from tft.data.normalize import Normalizer
+from tft.data.windows import WindowedData
+from tft.model.config import TFTConfig, get_preset
+from tft.model.loss import QuantileLoss
+from tft.model.transformer import TemporalFusionTransformer
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything resolved from a config before the first step; ``plan`` prints it."""
+
+    config: TrainConfig
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    data_path: Path
+    data: WindowedData
+    model_config: TFTConfig
+    model: TemporalFusionTransformer
+    budget: Budget | None
+    """None: no budget given on the CPU, so the run is not limited (the plan still is made)."""
+    plan: Plan
+    loss_fn: QuantileLoss
+    example_inputs: tuple[torch.Tensor, ...]
+    example_targets: tuple[torch.Tensor, ...]
+    notes: tuple[str, ...] = ()
+    world: World = SINGLE_PROCESS
+    """The ranks training together (NOTE [Distributed training]); one process by default."""
+    parallelism: Parallelism = "single"
+    """How the ranks share the model (``config.strategy`` resolved for the world's size)."""
+    host_tuning: HostTuning | None = None
+    """What was set about the process before planning (``prepare(..., tune_host=True)`` on
+    the CPU); the run logs it and puts the threads back when it ends."""
+
+    @functools.cached_property
+    def naive_forecasts(self) -> NaiveForecasts:
+        """The naive forecasts validation scores beside the model (NOTE [Naive forecasts])."""
+        return NaiveForecasts.fit(self.data, list(self.model_config.quantiles))
+
+    @property
+    def batch_size(self) -> int:
+        """Windows per step on this rank (what the plan is for)."""
+        return self.model_config.batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        """Windows per optimizer step over all ranks."""
+        return self.model_config.batch_size * self.world.world_size
+
+
+def prepare(
+    config: TrainConfig,
+    *,
+    normalizer: Normalizer | None = None,
+    world: World = SINGLE_PROCESS,
+    plan_world_size: int | None = None,
+    tune_host: bool = False,
+) -> Setup:
+    """Resolve the device, read the data, build the model and plan its training step.
+
+    Args:
+        config: the run's settings.
+        normalizer: statistics to apply instead of fitting them (a resumed run's own).
+        world: the ranks training together; rank 0 plans for every rank (its process group
+            must be joined already, see :func:`autockpt.training.host.distributed.process_group`).
+        plan_world_size: plan for one rank of this many instead of the world's (the ``plan``
+            command's ``--world-size``, run in one process).
+        tune_host: on the CPU, set the process's threads and malloc as the run will train
+            before planning for the budget, so that the step times the planner measures are
+            the run's (NOTE [Tuning the host process]); the setup records what was set.
+
+    Returns:
+        The setup; nothing is written to disk.
+
+    Raises:
+        DeviceError, BudgetError, DataError, ConfigError, InfeasibleBudgetError: user errors.
+    """
+    device = world.device(resolve_device(config.device))
+    num_ranks = plan_world_size if plan_world_size is not None else world.world_size
+    how = "plan for one of N ranks with --world-size N"
+    parallelism = (
+        resolve_parallelism(config.strategy, num_ranks, how=how)
+        if plan_world_size is not None
+        else resolve_parallelism(config.strategy, num_ranks)
+    )
+    autocast_dtype = resolve_precision(config.precision, device)
+    budget = resolve_budget(config.vram_budget, device)
+    data_path, note = resolve_data_path(config)
+    preset = get_preset(config.preset)
+    data, streamed = main_first(
+        world,
+        lambda: read_windows(
+            data_path,
+            roles=column_roles(config) if normalizer is None else None,
+            encoder_length=config.encoder_length or preset.encoder_length,
+            horizon=config.horizon or preset.horizon,
+            normalizer=normalizer,
+            max_host_memory=config.max_host_memory,
+            cache=config.data_cache,
+            runs_root=(config.out or default_run_dir(config)).parent,
+        ),
+    )
+    model_config = _model_config(preset, data, config, world, data_path)
+    seed_everything(config.seed)
+    model = TemporalFusionTransformer(model_config).to(device)
+    loss_fn = QuantileLoss(model_config.quantiles)
+    example = data.train.batch(np.arange(model_config.batch_size))
+    example_inputs = tuple(t.to(device) for t in example.inputs())
+    example_targets = (example.target.to(device),)
+
+    def planned(for_budget: Budget | None, settings: TrainConfig) -> Plan:
+        return agree_on_plan(
+            world,
+            lambda: make_plan(
+                model,
+                example_inputs,
+                example_targets,
+                for_budget,
+                loss_fn=loss_fn,
+                device=device,
+                config=settings,
+                autocast_dtype=autocast_dtype,
+                world_size=num_ranks,
+                parallelism=parallelism,
+            ),
+        )
+
+    host_tuning = None
+    if tune_host and device.type == "cpu":
+        # NOTE [Tuning the host process]: the process is tuned from the unplanned step's size
+        # (a plan without a limit times nothing), then plans for its budget as it will train.
+        forced = config.use_gradient_checkpointing is True
+        sizing_config = config.with_updates(use_gradient_checkpointing=None) if forced else config
+        sizing = planned(None, sizing_config)
+        host_tuning = tune_process(config, device, sizing.unplanned_peak_bytes)
+        try:
+            plan = sizing if budget is None and not forced else planned(budget, config)
+        except BaseException:
+            if host_tuning is not None:
+                host_tuning.restore()  # no run follows to put the threads back
+            raise
+    else:
+        plan = planned(budget, config)
+    return Setup(
+        config=config,
+        device=device,
+        autocast_dtype=autocast_dtype,
+        data_path=data_path,
+        data=data,
+        model_config=model_config,
+        model=model,
+        budget=budget,
+        plan=plan,
+        loss_fn=loss_fn,
+        example_inputs=example_inputs,
+        example_targets=example_targets,
+        notes=tuple(text for text in (note, streamed) if text),
+        world=world,
+        parallelism=parallelism,
+        host_tuning=host_tuning,
+    )
+
+
+def _model_config(
+    preset: TFTConfig, data: WindowedData, config: TrainConfig, world: World, data_path: Path
+) -> TFTConfig:
+    """The preset fitted to the data's columns and the run's settings, its batch checked
+    against the training windows of every rank."""
+    model_config = preset.with_overrides(
+        num_observed=data.num_observed,
+        num_known=data.num_known,
+        static_cardinalities=data.static_cardinalities,
+        observed_categorical_cardinalities=data.observed_categorical_cardinalities,
+        known_categorical_cardinalities=data.known_categorical_cardinalities,
+        encoder_length=data.encoder_length,
+        horizon=data.horizon,
+        batch_size=config.batch_size or preset.batch_size,
+        dropout=config.dropout if config.dropout is not None else preset.dropout,
+    )
+    if len(data.train) < model_config.batch_size * world.world_size:
+        ranks = f" x {world.world_size} ranks" if world.is_distributed else ""
+        raise DataError(
+            f"{data_path}: {len(data.train)} training windows are fewer than the batch size "
+            f"{model_config.batch_size}{ranks}; lower --batch-size or use a longer file"
+        )
+    return model_config
+
+
+def autocast(setup: Setup) -> AbstractContextManager[Any]:
+    if setup.autocast_dtype is None:
+        return nullcontext()
+    return torch.autocast(setup.device.type, dtype=setup.autocast_dtype)

@@ -1,0 +1,372 @@
+"""The encoded rows of a Parquet file, written once to a folder and mapped back into memory.
+
+:func:`cached_rows` gives the :class:`~tft.data.rows.Rows` of a file larger than memory: the first
+time, three passes over the file in chunks (:mod:`tft.data.file_scan`) write every role's array
+to its own file in the cache folder; after that (a resumed run, ``predict`` on the same file)
+the folder is mapped as it is. NOTE [Row cache] says why this design.
+
+NOTE [Row cache]
+Windows overlap (a window of 30 rows starts at every row), so the rows are stored once and a
+window is its first row, as in memory (NOTE [Rows, windows and splits] in :mod:`tft.data.windows`).
+The cache holds exactly the in-memory arrays (scaled float32 reals, int64 codes), row-major,
+grouped by symbol, one raw file per role. A window's rows of one role are then one contiguous
+run of bytes, which ``WindowDataset.batch`` reads with one positioned read (NOTE [Reading
+windows from the cache] in :mod:`tft.data.row_files`): shuffling stays a permutation of every
+window (no shuffle buffer), a batch reads only its own rows, and what it reads is copied from
+the kernel's page cache, which is not the process's memory. The files are also mapped
+read-only, as :class:`~tft.data.rows.Rows` arrays, for the few reads of a whole role. The
+alternatives were worse here: Arrow IPC would store the file's columns, so every batch would
+redo the scaling and coding; reading row groups into a shuffle buffer makes the order depend
+on the buffer size and is not the in-memory path's order for a small file.
+
+The cache is keyed by the source file's resolved path, size and modification time. It is
+reused when those match and it was encoded the same way (the same normaliser, or fitted with
+the same roles and split); otherwise it is rebuilt. It is written into a sibling folder and
+renamed into place, so a failed or interrupted build leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from tft.data.categories import encode_categories
+from tft.data.column_table import CALENDAR_INPUTS
+from tft.data.columns import (
+    ColumnRoles,
+    _check_finite,
+    _error,
+    _read_schema,
+    _roles_difference,
+    _usable,
+)
+from tft.data.file_scan import (
+    FileLayout,
+    RowWalker,
+    fit_statistics,
+    hand_back_freed_memory,
+    read_chunks,
+    scan_layout,
+)
+from tft.data.normalize import Normalizer
+from tft.data.row_files import RowFiles
+from tft.data.rows import Rows, _calendar
+from tft.data.splits import split_cuts
+from tft.errors import DataError
+
+__all__ = ["RowCacheMeta", "cache_folder", "cached_rows"]
+
+_VERSION = 1
+_META = "rows.json"
+_ROLE_FILES = {
+    "observed": np.float32,
+    "known": np.float32,
+    "categorical": np.int64,
+    "static": np.int64,
+    "target": np.float32,
+    "time_ns": np.int64,
+    "symbol_index": np.int64,
+}
+_PAGE = mmap.PAGESIZE
+
+
+class SourceFile(BaseModel):
+    """Which file a cache was made from."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str
+    size_bytes: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: Path) -> SourceFile:
+        resolved = path.resolve()
+        stat = resolved.stat()
+        return cls(path=str(resolved), size_bytes=stat.st_size, mtime_ns=stat.st_mtime_ns)
+
+
+class RowCacheMeta(BaseModel):
+    """What a cache folder holds and how it was encoded (``rows.json``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int
+    source: SourceFile
+    given_roles: dict[str, Any] | None
+    """The roles asked for when the normaliser was fitted; None when one was given."""
+    fitted_on: list[float] | None
+    """The split the normaliser was fitted with (its training rows); None when given."""
+    normalizer: dict[str, Any]
+    num_rows: int
+    widths: dict[str, int]
+    """Columns of each 2-D role file (observed, known, categorical, static)."""
+    num_known_categorical: int
+    symbol_bounds: list[int]
+    unknown_rows: dict[str, int]
+    distinct_times: int
+
+
+def cache_folder(root: Path, path: Path) -> Path:
+    """The cache folder of data file ``path`` under ``root``: its stem and a hash of its path."""
+    resolved = path.resolve()
+    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
+    return root / f"{resolved.stem}-{digest}"
+
+
+def _read_meta(folder: Path) -> RowCacheMeta | None:
+    try:
+        meta = RowCacheMeta.model_validate_json((folder / _META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if meta.version == _VERSION else None
+
+
+def _reusable(
+    meta: RowCacheMeta,
+    source: SourceFile,
+    roles: ColumnRoles | None,
+    normalizer: Normalizer | None,
+    split_fractions: Sequence[float] | None,
+) -> bool:
+    if meta.source != source:
+        return False
+    if normalizer is not None:
+        return meta.normalizer == normalizer.to_dict()
+    given = (roles or ColumnRoles()).model_dump(mode="json")
+    fractions = list(split_fractions) if split_fractions is not None else None
+    return meta.given_roles == given and meta.fitted_on == fractions
+
+
+def cached_rows(
+    path: Path,
+    folder: Path,
+    *,
+    roles: ColumnRoles | None,
+    normalizer: Normalizer | None,
+    split_fractions: Sequence[float] | None,
+    chunk_rows: int,
+    check_source: bool = True,
+) -> tuple[Rows, RowCacheMeta, np.ndarray]:
+    """The rows of ``path`` from the cache ``folder``, building it first when needed.
+
+    Args:
+        folder: the cache folder (:func:`cache_folder`); created, or replaced when it holds
+            the same file encoded another way.
+        roles, normalizer, split_fractions: as :func:`tft.data.windows.load_windows` takes them.
+        chunk_rows: rows per chunk read from the file while building.
+        check_source: refuse a folder made from another file (a folder the user named)
+            instead of replacing it.
+
+    Returns:
+        (rows mapped from the folder, its description, the sorted distinct times of the rows).
+
+    Raises:
+        DataError: the file cannot be used (as load_windows), or ``folder`` holds the cache of
+            another file and ``check_source`` is set.
+    """
+    source = SourceFile.of(path)
+    meta = _read_meta(folder)
+    if meta is not None and check_source and meta.source.path != source.path:
+        raise DataError(
+            f"{folder} holds the row cache of {meta.source.path}, not of {source.path}; pass "
+            "another --data-cache folder or delete that one"
+        )
+    if meta is None or not _reusable(meta, source, roles, normalizer, split_fractions):
+        meta = _build(path, folder, source, roles, normalizer, split_fractions, chunk_rows)
+    rows = _open(folder, meta)
+    distinct = np.fromfile(folder / "distinct_times.bin", dtype=np.int64)
+    return rows, meta, distinct
+
+
+def _open(folder: Path, meta: RowCacheMeta) -> Rows:
+    maps: list[mmap.mmap] = []
+    arrays: dict[str, np.ndarray] = {}
+    layout: dict[str, tuple[np.dtype, int | None]] = {}
+    for name, dtype in _ROLE_FILES.items():
+        width = meta.widths.get(name)
+        layout[name] = (np.dtype(dtype), width)
+        shape = (meta.num_rows,) if width is None else (meta.num_rows, width)
+        if int(np.prod(shape)) == 0:
+            arrays[name] = np.zeros(shape, dtype=dtype)
+            continue
+        with open(folder / f"{name}.bin", "rb") as file:
+            mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        maps.append(mapping)
+        arrays[name] = np.frombuffer(mapping, dtype=dtype).reshape(shape)
+    return Rows(
+        observed=arrays["observed"],
+        known=arrays["known"],
+        categorical=arrays["categorical"],
+        num_known_categorical=meta.num_known_categorical,
+        static=arrays["static"],
+        target=arrays["target"],
+        time_ns=arrays["time_ns"],
+        symbol_index=arrays["symbol_index"],
+        files=RowFiles(folder, layout, maps),
+    )
+
+
+def _build(
+    path: Path,
+    folder: Path,
+    source: SourceFile,
+    roles: ColumnRoles | None,
+    normalizer: Normalizer | None,
+    split_fractions: Sequence[float] | None,
+    chunk_rows: int,
+) -> RowCacheMeta:
+    schema = _read_schema(path)
+    given_normalizer = normalizer is not None
+    asked = roles if roles is not None else normalizer.roles if normalizer else ColumnRoles()
+    candidates = [
+        name
+        for name in schema.names
+        if name == asked.timestamp
+        or (name not in asked.ignore and _usable(schema.field(name).type))
+    ]
+    layout = scan_layout(
+        path, schema, asked, normalizer.symbols if normalizer else None, chunk_rows, candidates
+    )
+    if normalizer is not None and layout.roles != normalizer.roles:
+        raise _error(path, _roles_difference(layout.roles, normalizer.roles))
+    if normalizer is None:
+        cuts = split_cuts(layout.distinct_times, split_fractions)
+        fitted = fit_statistics(path, layout, cuts, chunk_rows)
+        normalizer = Normalizer(
+            roles=layout.roles,
+            symbols=layout.symbols,
+            target=fitted.target,
+            reals=fitted.reals,
+            categories=fitted.categories,
+        )
+    partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        meta = _write_rows(path, partial, source, layout, normalizer, chunk_rows)
+        meta = meta.model_copy(
+            update={
+                "given_roles": None if given_normalizer else asked.model_dump(mode="json"),
+                "fitted_on": None
+                if given_normalizer or split_fractions is None
+                else list(split_fractions),
+            }
+        )
+        layout.distinct_times.astype(np.int64).tofile(partial / "distinct_times.bin")
+        (partial / _META).write_text(meta.model_dump_json(indent=1), encoding="utf-8")
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(partial, folder)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    finally:
+        hand_back_freed_memory()
+    return meta
+
+
+def _write_rows(
+    path: Path,
+    folder: Path,
+    source: SourceFile,
+    layout: FileLayout,
+    normalizer: Normalizer,
+    chunk_rows: int,
+) -> RowCacheMeta:
+    """The third pass: encode each chunk and write its rows at their symbols' places."""
+    roles = layout.roles
+    observed_reals = roles.real_columns(roles.observed or [])
+    known_reals = roles.real_columns(roles.known)
+    time_varying = [
+        *roles.categorical_columns(roles.observed or []),
+        *roles.categorical_columns(roles.known),
+    ]
+    static = roles.static or []
+    widths = {
+        "observed": 1 + len(observed_reals),
+        "known": len(known_reals) + len(CALENDAR_INPUTS),
+        "categorical": len(time_varying),
+        "static": len(static),
+    }
+    bounds = np.concatenate([[0], np.cumsum(layout.kept_per_symbol)]).astype(np.int64)
+    num_rows = int(bounds[-1])
+    files = {}
+    for name, dtype in _ROLE_FILES.items():
+        row_bytes = np.dtype(dtype).itemsize * widths.get(name, 1)
+        file = open(folder / f"{name}.bin", "wb")  # noqa: SIM115 - closed below
+        file.truncate(num_rows * row_bytes)
+        files[name] = (file, row_bytes)
+    written = bounds[:-1].copy()
+    unknown_rows = dict.fromkeys([*time_varying, *static], 0)
+    walker = RowWalker(path, roles, roles.symbol, layout.symbols)
+    columns = list(
+        dict.fromkeys([*walker.columns(), *observed_reals, *known_reals, *time_varying, *static])
+    )
+    try:
+        for first_row, table in read_chunks(path, columns, chunk_rows):
+            rows = walker.rows(first_row, table)
+            index = rows.symbol_index
+            n = len(index)
+            observed = np.empty((n, widths["observed"]), dtype=np.float32)
+            observed[:, 0] = normalizer.target.apply(rows.target, index)
+            known = np.empty((n, widths["known"]), dtype=np.float32)
+            for out, names in ((observed[:, 1:], observed_reals), (known, known_reals)):
+                for j, name in enumerate(names):
+                    values = rows.take(table, name)
+                    _check_finite(path, name, values, rows.file_rows)
+                    out[:, j] = normalizer.reals[name].apply(values, index)
+            known[:, len(known_reals) :] = _calendar(rows.time_ns)
+            codes = {}
+            for name in [*time_varying, *static]:
+                codes[name], unknown = encode_categories(
+                    rows.text(table, name), normalizer.categories[name]
+                )
+                unknown_rows[name] += unknown
+            arrays = {
+                "observed": observed,
+                "known": known,
+                "categorical": _stack(codes, time_varying, n),
+                "static": _stack(codes, static, n),
+                "target": observed[:, 0].copy(),
+                "time_ns": rows.time_ns,
+                "symbol_index": index,
+            }
+            group_starts = np.flatnonzero(np.concatenate([[True], index[1:] != index[:-1]]))
+            group_ends = [*group_starts[1:].tolist(), n]
+            for begin, end in zip(group_starts.tolist(), group_ends, strict=True):
+                code = int(index[begin])
+                for name, (file, row_bytes) in files.items():
+                    if row_bytes:
+                        part = np.ascontiguousarray(arrays[name][begin:end])
+                        os.pwrite(file.fileno(), part.tobytes(), int(written[code]) * row_bytes)
+                written[code] += end - begin
+    finally:
+        for file, _ in files.values():
+            file.close()
+    return RowCacheMeta(
+        version=_VERSION,
+        source=source,
+        given_roles=None,
+        fitted_on=None,
+        normalizer=normalizer.to_dict(),
+        num_rows=num_rows,
+        widths=widths,
+        num_known_categorical=len(roles.categorical_columns(roles.known)),
+        symbol_bounds=bounds.tolist(),
+        unknown_rows=unknown_rows,
+        distinct_times=len(layout.distinct_times),
+    )
+
+
+def _stack(codes: dict[str, np.ndarray], names: list[str], n: int) -> np.ndarray:
+    if not names:
+        return np.zeros((n, 0), dtype=np.int64)
+    return np.stack([codes[name] for name in names], axis=1)

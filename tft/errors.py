@@ -1,0 +1,19 @@
+"""Errors of tft's own: what a user's data file or model configuration gets wrong.
+
+Every one names the offending value (the file, column, row or field) and the way out, in one
+line; the application that reads files through tft reports them as it reports its own (the
+``autockpt`` command prints the line and exits with code 2). ``assert`` is kept for internal
+invariants only. tft imports nothing of ``autockpt``: these are its own classes.
+"""
+
+
+class TFTError(Exception):
+    """Base class of every tft error caused by user input rather than by a bug."""
+
+
+class DataError(TFTError, ValueError):
+    """A data file that cannot be used: missing, not Parquet, bad columns or rows."""
+
+
+class ConfigError(TFTError, ValueError):
+    """A model or data configuration value that cannot be used."""

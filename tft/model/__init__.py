@@ -1,0 +1,1 @@
+"""The Temporal Fusion Transformer: its configuration, layers, network and quantile loss."""
