@@ -185,8 +185,8 @@ MUTATIONS = (
         "validation-mae-per-window",
         "validation MAE divided by windows instead of values",
         "autockpt/training/forecasts/evaluate.py",
-        'mae=totals["abs"] / num_values,',
-        'mae=totals["abs"] / num_windows,',
+        "mae=float(sums[1]) / num_values,",
+        "mae=float(sums[1]) / num_windows,",
         ("tests/training/test_train.py::test_validation_metrics_are_those_of_best_pt",),
     ),
     Mutation(
@@ -215,9 +215,9 @@ MUTATIONS = (
     Mutation(
         "lightning-plan-not-installed",
         "the Lightning callback plans but Lightning trains the module without the plan",
-        "autockpt/lightning/callback.py",
-        "self._installed = InstalledPlan(pl_module, planned)",
-        "self._installed = InstalledPlan(pl_module, step)",
+        "autockpt/lightning/forward_plan.py",
+        "        self._replaced.__enter__()\n",
+        "",
         (
             "tests/lightning/test_callback.py::"
             "test_the_planned_run_takes_the_plain_runs_losses_under_half_its_peak",
@@ -359,8 +359,8 @@ MUTATIONS = (
         "selective-over-in-place-writes",
         "a segment that writes in place may be recomputed selectively (a stored product changed)",
         "autockpt/planner/runtime/selective_recompute.py",
-        "    return isinstance(traced, TracedModel) and not segment.keep_reason",
-        "    return isinstance(traced, TracedModel)",
+        "    if not isinstance(traced, TracedModel) or segment.keep_reason:",
+        "    if not isinstance(traced, TracedModel):",
         (
             "tests/planner/runtime/test_selective_recompute.py::"
             "test_a_segment_that_writes_in_place_is_never_recomputed_selectively",
