@@ -39,7 +39,8 @@ import torch
 
 from autockpt.training.host.host_tuning import tune_host
 from autockpt.training.host.progress import JsonLinesReporter
-from autockpt.training.loop.train import Trainer, make_optimizer
+from autockpt.training.loop.step_model import make_optimizer
+from autockpt.training.loop.train import Trainer
 from autockpt.training.options.config import TrainConfig
 from autockpt.training.setup.prepare import Setup, prepare
 from autockpt.training.setup.runs import RunFolder

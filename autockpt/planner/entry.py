@@ -36,10 +36,7 @@ from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.pipeline import device_reserve, plan_one_process
 from autockpt.planner.plan_types import Plan
 from autockpt.planner.trace.module_chain import Tracing
-from autockpt.planner.verify import verify_plan
-
-#: Real steps run to verify a plan before giving up (see ``plan(verify=...)``).
-MAX_VERIFY_ROUNDS = 3
+from autockpt.planner.verify import REPLANNING, verify_plan
 
 
 def plan(
@@ -93,10 +90,10 @@ def plan(
             draws its own masks, so turn both off where bit-for-bit dropout equality with the
             unplanned model matters (plain recompute keeps it).
         verify: run one real planned step and compare its peak with the prediction; if it
-            is over the budget, plan again against a budget lowered by the overshoot (up to
-            ``MAX_VERIFY_ROUNDS`` times). Default: on CUDA only (on the CPU the prediction is
-            measured with the very kernels the step runs). Needs the model and inputs on the
-            device.
+            is over the budget, plan again against a lower one, as NOTE [Planning again] in
+            :mod:`autockpt.planner.verify` says. Default: on CUDA only (on the CPU the
+            prediction is measured with the very kernels the step runs). Needs the model and
+            inputs on the device.
         autocast_dtype: the mixed-precision dtype training runs at (``torch.bfloat16``,
             ``torch.float16``): the step is measured under ``torch.autocast`` with it.
         world_size: ranks training together, each on its own ``example_inputs`` batch. The
@@ -179,7 +176,7 @@ def plan(
     if compile:
         options.update(world_size=world_size, parallelism=parallelism)
         return _plan_compiled(model, example_inputs, read, resolved_device, max_compiles, options)
-    for _ in range(MAX_VERIFY_ROUNDS):
+    for _ in range(REPLANNING.max_rounds):
         try:
             result = _plan_round(model, example_inputs, target, read, share, rng_devices, options)
         except AutockptError:
@@ -207,7 +204,7 @@ def plan(
         if check.within_budget:
             return result.model_copy(update={"notes": [*notes, *result.notes]})
         overshoot = check.reserved_peak_bytes - read.bytes
-        lowered = target.bytes - overshoot
+        lowered = REPLANNING.lowered(target.bytes, over_bytes=overshoot)
         notes.append(f"re-planned: the real step was {format_bytes(overshoot)} over the budget")
         if lowered <= 0:
             break

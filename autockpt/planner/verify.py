@@ -1,10 +1,21 @@
-"""Stage 5: one real step of the planned model, its measured peak against the prediction.
+"""Stage 5: one real step of the planned model, its measured peak against the prediction, and
+what to do when a real step goes over.
 
 On the CPU the peak is the tracked bytes of NOTE [Tracked bytes]; on CUDA it is the caching
 allocator's ``max_memory_allocated`` and ``max_memory_reserved`` over the step, plus the
 plan's context estimate. The step runs on the model itself, which is put back afterwards
 (parameters, gradients, buffers and the RNG state), so verifying costs no second copy of the
 model on a card that is already tight.
+
+NOTE [Planning again]
+A real step that goes over its budget is planned again against a lower one, by one policy,
+:data:`REPLANNING`, whoever saw the step: ``plan(verify=True)`` after its verification step,
+and the trainer after a measured training step (NOTE [Enforcing the budget]). Each round aims
+lower than the last by the overshoot the step showed, and by at least ``least_share`` of the
+budget it aimed at (a step a few bytes over would otherwise be planned again a few bytes
+lower, round after round), at most ``max_rounds`` times; then planning gives up and says so.
+(The solver's own rounds, a plan measured on fake tensors over the budget before any real step,
+are part of solving: :mod:`autockpt.planner.solve.budget_search`.)
 """
 
 from __future__ import annotations
@@ -21,6 +32,29 @@ from autockpt.planner.measure.fake_step import default_loss, give_state, make_op
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.plan_types import Plan
 from autockpt.planner.training_step import training_step
+
+
+@dataclass(frozen=True)
+class ReplanPolicy:
+    """How many times to plan again after a real step over its budget, and how much lower
+    (NOTE [Planning again]).
+
+    Attributes:
+        max_rounds: plans made again at most, in one ``plan()`` call or one training run.
+        least_share: the least share of the budget aimed at that a round lowers it by.
+    """
+
+    max_rounds: int
+    least_share: float
+
+    def lowered(self, target_bytes: int, *, over_bytes: int) -> int:
+        """The next budget to aim at, after a step ``over_bytes`` over the budget while aiming
+        at ``target_bytes``."""
+        return min(target_bytes - over_bytes, int(target_bytes * (1.0 - self.least_share)))
+
+
+#: The one re-plan policy (NOTE [Planning again]).
+REPLANNING = ReplanPolicy(max_rounds=3, least_share=0.1)
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,12 @@ import autockpt
 from autockpt.planner.core.memory_tracker import MemoryTracker
 from autockpt.training.host.progress import JsonLinesReporter
 from autockpt.training.loop import step_memory
+from autockpt.training.loop.replanning import Replanner
 from autockpt.training.loop.step_memory import STEPS_MEASURED_AFTER_CHANGE, StepMemoryMeter
 from autockpt.training.loop.train import Trainer
 from autockpt.training.options.config import TrainConfig
 from autockpt.training.options.settings import SAMPLE_DATA
+from autockpt.training.setup.checkpoint import RunState
 from autockpt.training.setup.prepare import prepare
 from autockpt.training.setup.runs import RunFolder
 from tests.helpers import MLPStack
@@ -137,13 +139,13 @@ def test_a_sampled_step_over_the_budget_re_plans(
 
     replans: list[int] = []
 
-    def record_replan(self: Trainer, budget_bytes: int, *, reason: str) -> None:
-        replans.append(self.state.global_step)
+    def record_replan(self: Replanner, budget_bytes: int, state: RunState, *, reason: str) -> None:
+        replans.append(state.global_step)
         assert budget_bytes == int(budget * 0.9) and "over the budget" in reason
         self.meter.use_plan(self.plan)
 
     monkeypatch.setattr(step_memory, "MemoryTracker", OverAtSampledStep)
-    monkeypatch.setattr(Trainer, "replan", record_replan)
+    monkeypatch.setattr(Replanner, "replan", record_replan)
     batch: Batch = trainer.setup.data.train.batch(torch.arange(8).numpy())
     records = [trainer.train_step(batch, epoch=1, step_in_epoch=i) for i in range(1, 8)]
     assert [r["peak_measured"] for r in records] == [True, True, False, True, True, True, False]

@@ -27,8 +27,9 @@ Steps not measured are recorded with ``peak_bytes`` null and ``peak_measured`` f
 epoch records and the summary say how many steps were measured.
 
 When a measured step goes over (CPU) or runs out of memory (CUDA, the step is retried), the
-trainer re-plans at ``REPLAN_FRACTION`` of the budget it planned for, at most ``MAX_REPLANS``
-times in a run (both in :mod:`autockpt.training.loop.train`), and logs each re-plan as an event. The
+trainer plans again as NOTE [Planning again] in :mod:`autockpt.planner.verify` says (lower by
+the overshoot and by at least a tenth of the budget it planned for, at most three times in a
+run: the policy ``plan(verify=True)`` follows too), and logs each re-plan as an event. The
 tightened budget is saved with the run, so a resumed run plans at it too.
 """
 

@@ -15,22 +15,24 @@ learning-rate schedule is in :mod:`autockpt.training.options.schedule`.
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 import autockpt
 from autockpt.errors import DeviceError
+from autockpt.planner.verify import REPLANNING
 from autockpt.training.forecasts.evaluate import evaluate
-from autockpt.training.host.distributed import wrap
 from autockpt.training.host.host_tuning import tune_host
 from autockpt.training.host.progress import Reporter
 from autockpt.training.loop.prefetch import Prefetch, epoch_batches
-from autockpt.training.loop.replanning import MAX_REPLANS, REPLAN_FRACTION, Replanning
+from autockpt.training.loop.replanning import Replanner
 from autockpt.training.loop.step_memory import StepMemoryMeter
+from autockpt.training.loop.step_model import compiled_step, make_optimizer
 from autockpt.training.options.schedule import learning_rate_factor
 from autockpt.training.options.settings import seed_everything
 from autockpt.training.setup.baselines import skill
@@ -49,8 +51,12 @@ from autockpt.training.setup.runs import BEST_FILE, LAST_FILE, RunFolder
 from tft.data.windows import Batch
 
 
-class Trainer(Replanning):
-    """Runs epochs of planned training steps and validation, writing the run folder."""
+class Trainer:
+    """Runs epochs of planned training steps and validation, writing the run folder.
+
+    Its plan and planned model are held by a :class:`Replanner` (``self.plans``), which makes
+    them again when a measured step goes over the budget.
+    """
 
     def __init__(self, setup: Setup, run: RunFolder, reporter: Reporter) -> None:
         self.setup = setup
@@ -59,18 +65,9 @@ class Trainer(Replanning):
         self.config = setup.config
         self.model = setup.model
         self.world = setup.world
-        self.plan = setup.plan
         self.parallelism = setup.parallelism
         self.naive_losses: dict[str, float] | None = None
         """The naive forecasts' validation losses (NOTE [Naive forecasts]), once validated."""
-        self.planned = wrap(
-            autockpt.apply(self.model, self.plan),
-            self.world,
-            setup.device,
-            parallelism=self.parallelism,
-            model=self.model,
-        )
-        self.step_model = self.compiled(self.planned)
         self.optimizer = make_optimizer(self.model, setup)
         num_batches = len(setup.data.train) // setup.global_batch_size
         assert num_batches > 0, "prepare() checks there is a full batch"
@@ -83,15 +80,21 @@ class Trainer(Replanning):
             setup.device,
             self.model,
             self.optimizer,
-            self.plan,
+            setup.plan,
             parallelism=self.parallelism,
-            budget_bytes=self.budget_bytes,
+            budget_bytes=setup.budget.bytes if setup.budget is not None else None,
             check_every=self.config.memory_check_every,
         )
         self.state = RunState()
         self.pending: list[dict[str, Any]] = []
         """Records of the epoch in progress, written to metrics.jsonl when it ends."""
-        self.gave_up_replanning = False
+        self.plans = Replanner(
+            setup,
+            run,
+            self.meter,
+            compile_step=functools.partial(compiled_step, config=self.config),
+            log=self.log,
+        )
         self.data_wait_s = 0.0
         """This process's seconds waiting for a batch (NOTE [Prefetching batches])."""
         self.step_s_run = 0.0
@@ -99,13 +102,27 @@ class Trainer(Replanning):
         self.upcoming: Prefetch[Batch] | None = None
         """The next epoch's batches, gathered ahead (NOTE [Prefetching batches])."""
 
+    @property
+    def budget_bytes(self) -> int | None:
+        """The run's budget (``None``: none given)."""
+        return self.plans.budget_bytes
+
+    def enforce_budget(self, peak_bytes: int | None) -> None:
+        """Re-plan when a measured step went over the budget (NOTE [Enforcing the budget])."""
+        self.plans.enforce_budget(peak_bytes, self.state)
+
+    def log(self, record: dict[str, Any]) -> None:
+        """An event record for metrics.jsonl (at the epoch's end) and the progress display."""
+        self.pending.append(record)
+        self.reporter.event(record)
+
     def restore(self, checkpoint: dict[str, Any]) -> None:
         """Continue from ``last.pt``; see NOTE [Exact resume] in
         :mod:`autockpt.training.setup.checkpoint`."""
         restore_states(
             checkpoint,
             model=self.model,
-            planned=self.planned,
+            planned=self.plans.planned,
             optimizer=self.optimizer,
             scheduler=self.scheduler,
             scaler=self.scaler,
@@ -113,8 +130,8 @@ class Trainer(Replanning):
         )
         self.state = restored_run_state(checkpoint)
         tightened = self.state.planning_budget_bytes
-        if tightened is not None and tightened < self.plan.budget_bytes:
-            self.use_plan_for(tightened)
+        if tightened is not None and tightened < self.plans.plan.budget_bytes:
+            self.plans.use_plan_for(tightened, self.state)
         restore_random_states(checkpoint, self.world.rank)
 
     # -------------------------------------------------------------- the run
@@ -131,7 +148,7 @@ class Trainer(Replanning):
                 first_epoch=self.state.epoch,
                 steps_per_epoch=self.steps_per_epoch,
             )
-            self.record_plan_agreement()
+            self.plans.record_plan_agreement(self.state)
             stopped = "finished" if self.state.epoch < config.epochs else "already finished"
             while self.upcoming is not None:
                 if self.state.epochs_without_improvement >= config.patience:
@@ -224,7 +241,7 @@ class Trainer(Replanning):
             self.setup,
             self.setup.data.validation,
             max_batches=config.max_steps_per_epoch,
-            model=self.planned if self.parallelism == "fsdp" else None,
+            model=self.plans.planned if self.parallelism == "fsdp" else None,
         )
         score = evaluation.loss if evaluation is not None else train_loss
         if evaluation is not None:
@@ -257,13 +274,13 @@ class Trainer(Replanning):
             "peak_bytes": epoch_peak,
             "num_measured_steps": num_measured,
             "budget_bytes": self.budget_bytes,
-            "predicted_peak_bytes": self.plan.predicted_peak_bytes,
+            "predicted_peak_bytes": self.plans.plan.predicted_peak_bytes,
             "val_windows": evaluation.num_windows if evaluation else 0,
             "epoch_s": epoch_s,
         }
         rng_by_rank = gather_random_states(self.world)
         states = gather_states(
-            self.model, self.planned, self.optimizer, parallelism=self.parallelism
+            self.model, self.plans.planned, self.optimizer, parallelism=self.parallelism
         )
         if self.world.is_main:
             if improved:
@@ -326,14 +343,16 @@ class Trainer(Replanning):
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(self.setup.device)
                 step = self.state.global_step + 1
-                if self.state.num_replans >= MAX_REPLANS:
+                if self.state.num_replans >= REPLANNING.max_rounds:
                     raise DeviceError(
-                        f"CUDA ran out of memory at step {step} after {MAX_REPLANS} re-plans; "
+                        f"CUDA ran out of memory at step {step} after {REPLANNING.max_rounds} re-plans; "
                         f"lower --vram-budget or --batch-size, then continue the run with "
                         f"--resume {self.run.path}"
                     ) from None
-                self.replan(
-                    int(self.planning_budget_bytes * REPLAN_FRACTION),
+                # Out of memory says not by how much: the least a round lowers the budget.
+                self.plans.replan(
+                    REPLANNING.lowered(self.plans.planning_budget_bytes(self.state), over_bytes=0),
+                    self.state,
                     reason=f"CUDA ran out of memory at step {step}",
                 )
 
@@ -349,20 +368,14 @@ class Trainer(Replanning):
                 return scaler.scale(unscaled(prediction, target))
 
         # FSDP reduce-scatters every micro-batch (NOTE [Distributed training]): no no_sync.
-        no_sync = getattr(self.planned, "no_sync", None) if self.parallelism == "ddp" else None
+        no_sync = (
+            getattr(self.plans.planned, "no_sync", None) if self.parallelism == "ddp" else None
+        )
         with autocast(self.setup):
             loss = autockpt.training_step(
-                self.step_model, self.plan, inputs, (target,), loss_fn, no_sync=no_sync
+                self.plans.step_model, self.plans.plan, inputs, (target,), loss_fn, no_sync=no_sync
             )
         return float(loss.item()) / scale
-
-    def compiled(self, planned: torch.nn.Module) -> torch.nn.Module:
-        """``planned``, through ``torch.compile`` with ``--compile``: what runs the steps. A
-        plan searched among compiled steps comes compiled from ``apply`` already."""
-        if not self.config.compile or self.plan.compile_fraction is not None:
-            return planned
-        # torch.compile of a module returns a module (OptimizedModule); its stub says Callable.
-        return cast(torch.nn.Module, torch.compile(planned))
 
     def optimizer_step(self) -> None:
         parameters = list(self.model.parameters())
@@ -397,7 +410,7 @@ class Trainer(Replanning):
             "peak_bytes": self.state.peak_bytes if self.state.num_measured_steps else None,
             "num_measured_steps": self.state.num_measured_steps,
             "budget_bytes": self.budget_bytes,
-            "predicted_peak_bytes": self.plan.predicted_peak_bytes,
+            "predicted_peak_bytes": self.plans.plan.predicted_peak_bytes,
             # Without a budget nothing was promised: None, not a vacuous True.
             "within_budget": None
             if self.budget_bytes is None
@@ -432,7 +445,7 @@ def train(
     try:
         trainer = Trainer(setup, run, reporter)
         if tuning is not None:
-            trainer.event(tuning.describe())
+            trainer.plans.event(trainer.state, tuning.describe())
         if checkpoint is not None:
             trainer.restore(checkpoint)
         else:
@@ -442,15 +455,3 @@ def train(
     finally:
         if tuning is not None:
             tuning.restore()
-
-
-def make_optimizer(model: torch.nn.Module, setup: Setup) -> torch.optim.Optimizer:
-    """The run's AdamW. On the CPU its fused kernel updates every parameter in one op, where
-    the default loops over them: 15 ms against 1 ms a step on ``tiny`` (136 parameters)."""
-    fused = setup.device.type == "cpu" and setup.parallelism != "fsdp"
-    return torch.optim.AdamW(
-        model.parameters(),
-        lr=setup.config.lr,
-        weight_decay=setup.config.weight_decay,
-        fused=fused or None,
-    )
