@@ -142,7 +142,7 @@ def test_a_sampled_step_over_the_budget_re_plans(
     def record_replan(self: Replanner, budget_bytes: int, state: RunState, *, reason: str) -> None:
         replans.append(state.global_step)
         assert budget_bytes == int(budget * 0.9) and "over the budget" in reason
-        self.meter.use_plan(self.plan)
+        self.new_plan(self.plan)
 
     monkeypatch.setattr(step_memory, "MemoryTracker", OverAtSampledStep)
     monkeypatch.setattr(Replanner, "replan", record_replan)

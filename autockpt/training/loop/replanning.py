@@ -20,7 +20,6 @@ import autockpt
 from autockpt import Plan, format_bytes, parse_budget
 from autockpt.planner.verify import REPLANNING
 from autockpt.training.host.distributed import agree_on_plan, plan_digest, wrap
-from autockpt.training.loop.step_memory import StepMemoryMeter
 from autockpt.training.setup.checkpoint import RunState
 from autockpt.training.setup.planning import make_plan
 from autockpt.training.setup.runs import RunFolder
@@ -38,7 +37,7 @@ class Replanner:
     Args:
         setup: the prepared run (its model, device, ranks, budget, plan and example batch).
         run: the run folder a new plan is written to.
-        meter: measures the steps; told of every new plan.
+        new_plan: told of every plan made again (the step meter measures by it).
         compile_step: the model the steps run, from the planned one.
         log: takes an event record (the trainer's metrics and progress display).
     """
@@ -47,14 +46,14 @@ class Replanner:
         self,
         setup: Setup,
         run: RunFolder,
-        meter: StepMemoryMeter,
         *,
+        new_plan: Callable[[Plan], None],
         compile_step: CompileStep,
         log: Callable[[dict[str, Any]], None],
     ) -> None:
         self.setup = setup
         self.run = run
-        self.meter = meter
+        self.new_plan = new_plan
         self.compile_step = compile_step
         self.log = log
         self.world = setup.world
@@ -73,7 +72,7 @@ class Replanner:
     @property
     def budget_bytes(self) -> int | None:
         """The run's budget (``None``: none given)."""
-        return self.setup.budget.bytes if self.setup.budget is not None else None
+        return self.setup.budget_bytes
 
     def planning_budget_bytes(self, state: RunState) -> int:
         """The budget the current plan was made for (lower than the run's after a re-plan)."""
@@ -149,7 +148,7 @@ class Replanner:
             ),
         )
         assert self.parallelism != "fsdp", "FSDP runs do not re-plan"
-        self.meter.use_plan(self.plan)
+        self.new_plan(self.plan)
         self.planned = wrap(autockpt.apply(setup.model, self.plan), self.world, setup.device)
         self.step_model = self.compile_step(self.planned, self.plan)
         state.planning_budget_bytes = budget_bytes

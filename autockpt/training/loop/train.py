@@ -68,6 +68,18 @@ class Trainer:
         self.parallelism = setup.parallelism
         self.naive_losses: dict[str, float] | None = None
         """The naive forecasts' validation losses (NOTE [Naive forecasts]), once validated."""
+        self.state = RunState()
+        self.pending: list[dict[str, Any]] = []
+        """Records of the epoch in progress, written to metrics.jsonl when it ends."""
+        # Before the optimizer: under FSDP wrapping the planned model shards the parameters
+        # the optimizer must hold.
+        self.plans = Replanner(
+            setup,
+            run,
+            new_plan=lambda plan: self.meter.use_plan(plan),
+            compile_step=functools.partial(compiled_step, config=self.config),
+            log=self.log,
+        )
         self.optimizer = make_optimizer(self.model, setup)
         num_batches = len(setup.data.train) // setup.global_batch_size
         assert num_batches > 0, "prepare() checks there is a full batch"
@@ -82,18 +94,8 @@ class Trainer:
             self.optimizer,
             setup.plan,
             parallelism=self.parallelism,
-            budget_bytes=setup.budget.bytes if setup.budget is not None else None,
+            budget_bytes=setup.budget_bytes,
             check_every=self.config.memory_check_every,
-        )
-        self.state = RunState()
-        self.pending: list[dict[str, Any]] = []
-        """Records of the epoch in progress, written to metrics.jsonl when it ends."""
-        self.plans = Replanner(
-            setup,
-            run,
-            self.meter,
-            compile_step=functools.partial(compiled_step, config=self.config),
-            log=self.log,
         )
         self.data_wait_s = 0.0
         """This process's seconds waiting for a batch (NOTE [Prefetching batches])."""

@@ -90,6 +90,11 @@ class Setup:
         """Windows per optimizer step over all ranks."""
         return self.model_config.batch_size * self.world.world_size
 
+    @property
+    def budget_bytes(self) -> int | None:
+        """The run's budget in bytes (``None``: none given)."""
+        return self.budget.bytes if self.budget is not None else None
+
 
 def prepare(
     config: TrainConfig,
