@@ -98,6 +98,12 @@ class RealSizeOracle:
         ]
 
 
+def tensor_bytes(value: Any) -> int:
+    """Bytes of the tensors in a nest of tuples, lists and dicts (each counted as its own
+    elements, whatever storage it shares)."""
+    return sum(t.numel() * t.element_size() for t in flat_tensors(value))
+
+
 def flat_tensors(value: Any) -> list[torch.Tensor]:
     """Every tensor in a nest of tuples, lists and dicts (a faster, narrower ``tree_flatten``)."""
     if isinstance(value, torch.Tensor):

@@ -39,6 +39,7 @@ from autockpt.planner.core.memory_tracker import (
     MemoryTracker,
     RealSizeOracle,
     flat_tensors,
+    tensor_bytes,
     tensors_of,
 )
 from autockpt.planner.core.output_structure import output_tensors
@@ -139,7 +140,7 @@ class _StepRecorder:
             profile.forward_num_ops += 1
             if self.count_work:
                 profile.forward_flops += _flops(func, args, kwargs, out)
-                profile.forward_moved_bytes += _tensor_bytes((args, kwargs, out))
+                profile.forward_moved_bytes += tensor_bytes((args, kwargs, out))
         elif self.phase == "backward":
             profile.backward_peak_bytes = max(profile.backward_peak_bytes, now)
 
@@ -165,9 +166,9 @@ class _StepRecorder:
     def segment_finished(self, index: int, inputs: tuple[Any, ...], outputs: Any) -> None:
         assert self.tracker is not None
         profile = self.segments[index]
-        profile.input_sizes = tuple(_tensor_bytes(value) for value in inputs)
-        profile.input_bytes = _tensor_bytes(inputs)
-        profile.output_bytes = _tensor_bytes(outputs)
+        profile.input_sizes = tuple(tensor_bytes(value) for value in inputs)
+        profile.input_bytes = tensor_bytes(inputs)
+        profile.output_bytes = tensor_bytes(outputs)
         self.current = None
         self.previous = index
 
@@ -176,10 +177,6 @@ class _StepRecorder:
                 self.current = index
 
         collect_segment_grad_fns(inputs, outputs, lambda node: node.register_prehook(enter_segment))
-
-
-def _tensor_bytes(value: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in flat_tensors(value))
 
 
 def _flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:

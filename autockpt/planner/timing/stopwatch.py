@@ -60,7 +60,7 @@ import torch
 
 from autockpt.planner.core.batch_split import batch_size_of, take_samples
 from autockpt.planner.core.decisions import KEEP, SegmentAction
-from autockpt.planner.core.memory_tracker import flat_tensors
+from autockpt.planner.core.memory_tracker import flat_tensors, tensor_bytes
 from autockpt.planner.measure.fake_step import default_loss, make_optimizer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.runtime.segment_runners import SegmentRunner, build_segmented_module
@@ -241,7 +241,7 @@ class Stopwatch:
                     warnings.simplefilter("ignore")
                     optimizer.step()  # makes its state, as an earlier training step has
                     runs = self.runs.repeated(lambda: seconds(optimizer.step))
-                share = _bytes(timed) / max(_bytes(self.parameters), 1)
+                share = tensor_bytes(timed) / max(tensor_bytes(self.parameters), 1)
                 self._optimizer_s = median(runs, key=float) / share
         return self._optimizer_s
 
@@ -251,7 +251,7 @@ class Stopwatch:
         chosen: list[torch.nn.Parameter] = []
         held = 0.0
         for parameter in self.parameters:
-            held += per_byte * _bytes([parameter])
+            held += per_byte * tensor_bytes(parameter)
             if held > self.room.optimizer_room_bytes:
                 break
             chosen.append(parameter)
@@ -396,7 +396,3 @@ class Stopwatch:
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The autocast the step runs under (none without an autocast dtype)."""
         return self.runs.autocast()
-
-
-def _bytes(tensors: Sequence[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)

@@ -116,7 +116,15 @@ class TimingRoom:
     @classmethod
     def whole(cls, batch_size: int) -> TimingRoom:
         """Room for runs at the whole batch, with no limit on the optimizer's copies."""
-        return cls(batch_size, batch_size, 0, 2**62, 0.0, 0, 0)
+        return cls(
+            samples=batch_size,
+            batch_size=batch_size,
+            step_bytes=0,
+            optimizer_room_bytes=2**62,
+            optimizer_state_share=0.0,
+            held_bytes=0,
+            trained_bytes=0,
+        )
 
     @property
     def lower_samples(self) -> int:
