@@ -39,9 +39,9 @@ import torch
 
 from autockpt.training.host.host_tuning import tune_host
 from autockpt.training.host.progress import JsonLinesReporter
-from autockpt.training.loop.step_model import make_optimizer
 from autockpt.training.loop.train import Trainer
 from autockpt.training.options.config import TrainConfig
+from autockpt.training.options.settings import run_optimizer
 from autockpt.training.setup.prepare import Setup, prepare
 from autockpt.training.setup.runs import RunFolder
 
@@ -50,7 +50,8 @@ def plain_step(setup: Setup) -> Callable[[], None]:
     """A forward/backward/AdamW step of a copy of ``setup``'s model on its first batch."""
     config = setup.config
     model = copy.deepcopy(setup.model).train()
-    optimizer = make_optimizer(model, setup)  # the trainer's AdamW, fused on the CPU
+    # the trainer's AdamW, fused on the CPU
+    optimizer = run_optimizer(config, setup.device, setup.parallelism)(list(model.parameters()))
     batch = setup.data.train.batch(np.arange(setup.batch_size))
     inputs, target = batch.inputs(), batch.target
 

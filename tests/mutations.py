@@ -661,6 +661,48 @@ MUTATIONS = (
         "    if True:\n        return high_s * samples / max(high, 1)",
         ("tests/planner/timing/test_timing_room.py",),
     ),
+    Mutation(
+        "rank-offset-not-shown",
+        "one rank's peak is reported as one process's: its extra states (DDP's gradient "
+        "buckets, FSDP's gathered units) do not show in the plan",
+        "autockpt/planner/core/step_budget.py",
+        "            + self.context_bytes\n            + self.rank_offset_shown_bytes\n",
+        "            + self.context_bytes\n",
+        ("tests/planner/measure/test_sharding.py", "tests/planner/core/test_step_budget.py"),
+    ),
+    Mutation(
+        "rank-offset-not-taken-off",
+        "one rank's step may take the whole budget: its extra states are not taken off what "
+        "planning aims at",
+        "autockpt/planner/core/step_budget.py",
+        "left = self.target_bytes - self.rank_offset_shown_bytes - self.context_bytes",
+        "left = self.target_bytes - self.context_bytes",
+        ("tests/planner/measure/test_sharding.py",),
+    ),
+    Mutation(
+        "budget-read-again-on-copy",
+        "a copy of the run's settings reads its budget again from the text it was written as",
+        "autockpt/training/options/config.py",
+        "return _validate({**dict(self), **changes}, sources={})",
+        "return _validate({**self.model_dump(), **changes}, sources={})",
+        ("tests/training/test_config.py",),
+    ),
+    Mutation(
+        "run-plans-for-another-optimizer",
+        "the trainer plans for the planner's default AdamW, not the optimizer it trains with",
+        "autockpt/training/setup/planning.py",
+        "optimizer=run_optimizer(config, device, parallelism),",
+        'optimizer="adamw",',
+        ("tests/training/test_train.py::test_the_run_trains_with_the_optimizer_planning_counted",),
+    ),
+    Mutation(
+        "fused-optimizer-over-meta",
+        "a fused optimizer is copied onto the planner's meta stand-ins as it is (planning ends)",
+        "autockpt/planner/measure/optimizers.py",
+        '    if settings.get("fused") and any(p.device.type == "meta" for p in parameters):',
+        "    if False:",
+        ("tests/planner/test_optimizer_specs.py",),
+    ),
 )
 
 

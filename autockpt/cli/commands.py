@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from autockpt import format_bytes
+from autockpt import format_bytes, parse_budget
 from autockpt.cli.importance import plot_importance, print_importance
 from autockpt.cli.parser import comma_list, overrides
 from autockpt.cli.plot import PLAN_PICTURE, check_plot_available, plot_available, plot_plan
@@ -149,22 +149,22 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     if config.out is None:
         config = config.with_updates(out=Path(tempfile.mkdtemp(prefix="autockpt-demo-")) / "run")
     if config.vram_budget is None:
-        # Show the planner at work: half of what the step takes with nothing recomputed.
-        unplanned = prepare(config).plan
+        # Show the planner at work: half of what the step takes with nothing recomputed, or a
+        # tenth over the least any plan takes where no plan fits half.
+        unplanned_bytes = prepare(config).plan.unplanned_peak_bytes
+        target = unplanned_bytes // 2
         try:
-            # A one-byte budget makes the planner examine everything and say its minimum.
-            prepare(config.with_updates(vram_budget="1"))
-            minimum = 1
+            setup, run = start_run(config.with_updates(vram_budget=parse_budget(target)))
         except InfeasibleBudgetError as error:
-            minimum = error.minimum_bytes
-        target = max(unplanned.unplanned_peak_bytes // 2, int(minimum * 1.1))
+            target = int(error.minimum_bytes * 1.1)
+            setup, run = start_run(config.with_updates(vram_budget=parse_budget(target)))
         if not config.quiet:
             console.print(
-                f"demo: the step takes {format_bytes(unplanned.unplanned_peak_bytes)} with "
-                f"nothing recomputed; planning for {format_bytes(target)} instead"
+                f"demo: the step takes {format_bytes(unplanned_bytes)} with nothing "
+                f"recomputed; planning for {format_bytes(target)} instead"
             )
-        config = config.with_updates(vram_budget=str(target))
-    setup, run = start_run(config)
+    else:
+        setup, run = start_run(config)
     return _run_training(setup, run, console, checkpoint=None)
 
 

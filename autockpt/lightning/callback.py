@@ -50,7 +50,7 @@ import torch
 from rich.console import Console
 
 import autockpt
-from autockpt import Plan
+from autockpt import Budget, Plan
 from autockpt.errors import InfeasibleBudgetError, PlanMismatchError, PlanningError, TraceError
 from autockpt.lightning.forward_plan import InstalledForward, LossAfterForward, forward_inputs
 from autockpt.lightning.step import InstalledPlan, LightningStep, step_loss
@@ -70,7 +70,8 @@ class MemoryPlan(pl.Callback):
 
     Args:
         budget: bytes as an ``int``, or ``"4GB"``, ``"3.5GiB"``, ``"auto"`` (CUDA: the free
-            memory less a margin).
+            memory less a margin), or a :class:`~autockpt.Budget` already read. Read here:
+            one that is not a size raises :class:`~autockpt.BudgetError` at once.
         use_gradient_checkpointing: ``None`` lets the planner choose for the budget, ``True``
             recomputes every segment, ``False`` none.
         allow_chunks: let the plan run batch-separable segments in chunks. With dropout on,
@@ -86,14 +87,21 @@ class MemoryPlan(pl.Callback):
 
     def __init__(
         self,
-        budget: str | int = "auto",
+        budget: str | int | Budget = "auto",
         *,
         use_gradient_checkpointing: bool | None = None,
         allow_chunks: bool = True,
         show: bool = True,
     ) -> None:
         super().__init__()
-        self.budget = budget
+        # NOTE [One budget]: read once, here, so a typo fails where the callback is made;
+        # ``auto`` needs the device, so it is read when the first batch is planned.
+        self.budget: Budget | str = (
+            budget
+            if isinstance(budget, Budget)
+            or (isinstance(budget, str) and budget.strip().lower() == "auto")
+            else autockpt.parse_budget(budget)
+        )
         self.use_gradient_checkpointing = use_gradient_checkpointing
         self.allow_chunks = allow_chunks
         self.show = show
@@ -163,6 +171,11 @@ class MemoryPlan(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> Plan:
         optimizers = trainer.optimizers
+        budget = (
+            self.budget
+            if isinstance(self.budget, Budget)
+            else autockpt.parse_budget(self.budget, device=pl_module.device)
+        )
         options: dict[str, Any] = dict(
             optimizer=optimizers[0] if len(optimizers) == 1 else "adamw",
             device=pl_module.device,
@@ -183,7 +196,7 @@ class MemoryPlan(pl.Callback):
                         return autockpt.plan(
                             pl_module,
                             inputs,
-                            self.budget,
+                            budget,
                             loss_fn=LossAfterForward(pl_module, batch_idx, trainer),
                             example_targets=(batch,),
                             tracing="fx",
@@ -194,7 +207,7 @@ class MemoryPlan(pl.Callback):
                 return autockpt.plan(
                     LightningStep(pl_module, batch_idx, trainer),
                     (batch,),
-                    self.budget,
+                    budget,
                     loss_fn=step_loss,
                     tracing="forward-hooks",
                     **options,

@@ -54,7 +54,9 @@ from autockpt.errors import ConfigError, InfeasibleBudgetError
 from autockpt.planner.apply import apply
 from autockpt.planner.core.units import format_bytes
 from autockpt.planner.measure.allocator_peak import allocator_peak_bytes, resident_bytes
-from autockpt.planner.measure.fake_step import default_loss, give_state, make_optimizer
+from autockpt.planner.measure.fake_step import default_loss
+from autockpt.planner.measure.optimizers import give_state, make_optimizer
+from autockpt.planner.measure.step_profile import OptimizerSpec
 from autockpt.planner.plan_types import PeakBreakdown, Plan, SegmentPlan
 from autockpt.planner.runtime.compiled_backend import compile_in_place
 from autockpt.planner.training_step import training_step
@@ -160,14 +162,14 @@ class _Runner:
         inputs: Sequence[torch.Tensor],
         targets: Sequence[torch.Tensor],
         loss_fn: Callable[..., torch.Tensor],
-        optimizer_spec: object,
+        optimizer_spec: OptimizerSpec,
         device: torch.device,
         context_bytes: int,
     ) -> None:
         self.model = copy.deepcopy(model).train()
         self.context_bytes = context_bytes
         self.inputs, self.targets, self.loss_fn, self.device = inputs, targets, loss_fn, device
-        self.optimizer = make_optimizer(optimizer_spec, list(self.model.parameters()))  # type: ignore[arg-type]
+        self.optimizer = make_optimizer(optimizer_spec, list(self.model.parameters()))
         if self.optimizer is not None:
             give_state(self.optimizer, list(self.model.parameters()))
         self.compiles = 0
@@ -281,7 +283,7 @@ def plan_compiled(
     *,
     loss_fn: Callable[..., torch.Tensor] | None,
     example_targets: Sequence[torch.Tensor],
-    optimizer: object,
+    optimizer: OptimizerSpec,
     device: torch.device,
     max_compiles: int = MAX_COMPILES,
 ) -> Plan:

@@ -8,9 +8,9 @@ It reads the budget, plans the step of one process (:mod:`autockpt.planner.pipel
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -24,6 +24,7 @@ from autockpt.errors import (
 from autockpt.planner.compiled_search import MAX_COMPILES, plan_compiled
 from autockpt.planner.core.decisions import Parallelism
 from autockpt.planner.core.host_settings import cyclic_gc_paused, one_cpu_thread
+from autockpt.planner.core.step_budget import StepBudget
 from autockpt.planner.core.train_eval import training_mode
 from autockpt.planner.core.units import Budget, format_bytes, parse_budget
 from autockpt.planner.measure.sharding import (
@@ -33,7 +34,7 @@ from autockpt.planner.measure.sharding import (
     rank_share,
 )
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
-from autockpt.planner.pipeline import device_reserve, plan_one_process
+from autockpt.planner.pipeline import PlanRequest, plan_one_process
 from autockpt.planner.plan_types import Plan
 from autockpt.planner.trace.module_chain import Tracing
 from autockpt.planner.verify import REPLANNING, verify_plan
@@ -78,7 +79,10 @@ def plan(
         example_targets: what the loss compares against, at the training batch size (the
             training targets). A training loop holds them through the step like the inputs,
             so they count towards the peak. Needs ``loss_fn``.
-        optimizer: ``"adamw"``, ``"sgd"``, ``None`` or an optimizer instance, to count its state.
+        optimizer: ``"adamw"``, ``"sgd"``, ``None``, an optimizer instance (its class and
+            settings) or a callable that makes the run's optimizer from a list of parameters
+            (``functools.partial(torch.optim.AdamW, lr=3e-4, fused=True)``), to count its state
+            (and, where the real model is timed, time its step).
         device: where training will run; default: where the model's parameters are.
         use_gradient_checkpointing: ``None`` plans automatically, ``True`` recomputes every
             segment, ``False`` none. Forced modes still report the predicted peak and warn
@@ -117,7 +121,7 @@ def plan(
             at a region budget, the eager plan at this budget) are compiled and their real steps measured by the allocator and timed; the
             fastest that fits is the plan, and :func:`autockpt.apply` returns it compiled
             (NOTE [Compiled plans]). Needs the model and inputs on the device, and
-            ``optimizer`` ``"adamw"``, ``"sgd"`` or ``None``; one process.
+            ``optimizer`` ``"adamw"``, ``"sgd"``, ``None`` or a factory; one process.
         max_compiles: compiles the ``compile=True`` search makes at most.
 
     Returns:
@@ -143,25 +147,9 @@ def plan(
             "loss_fn=lambda output, *targets: ..."
         )
     resolved_device = _resolve_device(model, device)
-    rng_devices = [resolved_device.index or 0] if resolved_device.type == "cuda" else []
     read = budget if isinstance(budget, Budget) else parse_budget(budget, device=resolved_device)
     parallelism = parallelism or ("single" if world_size == 1 else "ddp")
-    share = rank_share(
-        parameter_layouts(
-            model,
-            optimizer=optimizer,
-            unit_paths=fsdp_unit_paths(model) if parallelism == "fsdp" else (),
-        ),
-        world_size=world_size,
-        parallelism=parallelism,
-    )
-    if verify is None:
-        verify = resolved_device.type == "cuda" and parallelism == "single"
-    target = read
-    notes: list[str] = []
-    if not model.training:
-        _warn_eval_mode(model)
-    options: dict[str, Any] = dict(
+    request = PlanRequest(
         loss_fn=loss_fn,
         example_targets=example_targets,
         optimizer=optimizer,
@@ -172,21 +160,28 @@ def plan(
         autocast_dtype=autocast_dtype,
         tracing=tracing,
         gradients_live=gradients_live,
+        world_size=world_size,
+        parallelism=parallelism,
+    )
+    if not model.training:
+        _warn_eval_mode(model)
+    share = rank_share(
+        parameter_layouts(
+            model,
+            optimizer=optimizer,
+            unit_paths=fsdp_unit_paths(model) if parallelism == "fsdp" else (),
+        ),
+        world_size=world_size,
+        parallelism=parallelism,
     )
     if compile:
-        options.update(world_size=world_size, parallelism=parallelism)
-        return _plan_compiled(model, example_inputs, read, resolved_device, max_compiles, options)
+        return _plan_compiled(model, example_inputs, read, share, request, max_compiles)
+    if verify is None:
+        verify = resolved_device.type == "cuda" and parallelism == "single"
+    step_budget = StepBudget.on(read, resolved_device, rank_offset_bytes=share.offset_bytes)
+    notes: list[str] = []
     for _ in range(REPLANNING.max_rounds):
-        try:
-            result = _plan_round(model, example_inputs, target, read, share, rng_devices, options)
-        except AutockptError:
-            raise
-        except Exception as error:  # the model's own, or a library's: never the caller's to parse
-            raise PlanningError(
-                f"planning {type(model).__name__} failed where no option could be left out "
-                f"({describe_error(error)}); the traceback is this error's cause: train it "
-                "without a plan, or with tracing='forward-hooks'"
-            ) from error
+        result = _plan_round(model, example_inputs, step_budget, share, request)
         if not verify or use_gradient_checkpointing is not None:
             return result.model_copy(update={"notes": [*notes, *result.notes]})
         check = verify_plan(
@@ -204,11 +199,11 @@ def plan(
         if check.within_budget:
             return result.model_copy(update={"notes": [*notes, *result.notes]})
         overshoot = check.reserved_peak_bytes - read.bytes
-        lowered = REPLANNING.lowered(target.bytes, over_bytes=overshoot)
+        lowered = REPLANNING.lowered(step_budget.target_bytes, over_bytes=overshoot)
         notes.append(f"re-planned: the real step was {format_bytes(overshoot)} over the budget")
         if lowered <= 0:
             break
-        target = Budget(bytes=lowered, text=read.text, reading=read.reading)
+        step_budget = step_budget.lowered(lowered)
     raise InfeasibleBudgetError(
         f"budget {read.text} could not be kept on {resolved_device}: real steps stayed over it "
         "after re-planning; raise the budget or lower the batch size",
@@ -230,40 +225,42 @@ def _plan_compiled(
     model: torch.nn.Module,
     example_inputs: Sequence[torch.Tensor],
     read: Budget,
-    device: torch.device,
+    share: RankShare,
+    request: PlanRequest,
     max_compiles: int,
-    options: dict[str, Any],
 ) -> Plan:
     """``plan(..., compile=True)``: the compiled search over eager plans of this budget."""
-    if options["world_size"] != 1 or options["autocast_dtype"] is not None:
+    if request.world_size != 1 or request.autocast_dtype is not None:
         raise ConfigError(
             "compile=True plans one process in full precision for now; drop world_size and "
             "autocast_dtype, or plan without compile"
         )
-    if not (options["optimizer"] is None or options["optimizer"] in ("adamw", "sgd")):
+    spec = request.optimizer
+    if isinstance(spec, torch.optim.Optimizer) or (
+        isinstance(spec, str) and spec not in ("adamw", "sgd")
+    ):
         raise ConfigError(
-            f"compile=True runs real steps with optimizer 'adamw', 'sgd' or None, not "
-            f"{options['optimizer']!r}; pass one of those (the state each keeps is counted)"
+            f"compile=True runs real steps with optimizer 'adamw', 'sgd', None or a factory, "
+            f"not {spec!r}; pass one of those (the state each keeps is counted)"
         )
+    step_budget = StepBudget.on(read, request.device)
 
     def eager(budget_bytes: int | None) -> Plan:
-        forced = {"use_gradient_checkpointing": False} if budget_bytes is None else {}
-        at = (
-            read
-            if budget_bytes is None
-            else Budget(bytes=budget_bytes, text=read.text, reading=read.reading)
-        )
-        return plan(model, example_inputs, at, **{**options, "verify": False, **forced})
+        if budget_bytes is None:  # the plain step, nothing recomputed
+            plain = dataclasses.replace(request, use_gradient_checkpointing=False)
+            return _plan_round(model, example_inputs, step_budget, share, plain)
+        lowered = step_budget.lowered(budget_bytes)
+        return _plan_round(model, example_inputs, lowered, share, request)
 
     return plan_compiled(
         model,
         example_inputs,
         read.bytes,
         eager,
-        loss_fn=options["loss_fn"],
-        example_targets=options["example_targets"],
-        optimizer=options["optimizer"],
-        device=device,
+        loss_fn=request.loss_fn,
+        example_targets=request.example_targets,
+        optimizer=request.optimizer,
+        device=request.device,
         max_compiles=max_compiles,
     )
 
@@ -271,94 +268,72 @@ def _plan_compiled(
 def _plan_round(
     model: torch.nn.Module,
     example_inputs: Sequence[torch.Tensor],
-    target: Budget,
-    read: Budget,
+    budget: StepBudget,
     share: RankShare,
-    rng_devices: list[int],
-    options: dict[str, Any],
+    request: PlanRequest,
 ) -> Plan:
-    """One rank's plan against ``target`` (the budget ``read``, lowered after a verify round
-    went over), reported against ``read``."""
+    """One rank's plan against ``budget`` (NOTE [One budget])."""
+    device = request.device
+    rng_devices = [device.index or 0] if device.type == "cuda" else []
     # Calibration and probes draw random numbers; the caller's RNG stream must not move.
     # The step is measured as it trains, whatever mode the model is in.
-    with (
-        torch.random.fork_rng(devices=rng_devices),
-        cyclic_gc_paused(),
-        one_cpu_thread() as cpu_threads,
-        training_mode(model),
-    ):
-        result = _per_rank(
-            _plan_shifted(
-                model, example_inputs, target, share=share, cpu_threads=cpu_threads, **options
-            ),
-            share,
-        )
-    return result.model_copy(
-        update={
-            "budget_bytes": read.bytes,
-            "budget_text": read.text,
-            "budget_reading": read.reading,
-            "fits": result.predicted_peak_bytes <= read.bytes,
-        }
+    try:
+        with (
+            torch.random.fork_rng(devices=rng_devices),
+            cyclic_gc_paused(),
+            one_cpu_thread() as cpu_threads,
+            training_mode(model),
+        ):
+            if budget.usable_bytes <= 0 and share.offset_bytes > 0:
+                raise InfeasibleBudgetError("", budget_bytes=budget.read.bytes, minimum_bytes=0)
+            result = plan_one_process(
+                model, example_inputs, budget, request, cpu_threads=cpu_threads
+            )
+    except InfeasibleBudgetError as error:
+        if share.offset_bytes == 0:
+            raise
+        raise _rank_refusal(error, budget, share) from None
+    except AutockptError:
+        raise
+    except Exception as error:  # the model's own, or a library's: never the caller's to parse
+        raise PlanningError(
+            f"planning {type(model).__name__} failed where no option could be left out "
+            f"({describe_error(error)}); the traceback is this error's cause: train it "
+            "without a plan, or with tracing='forward-hooks'"
+        ) from error
+    return _per_rank(result, budget, share)
+
+
+def _rank_refusal(
+    error: InfeasibleBudgetError, budget: StepBudget, share: RankShare
+) -> InfeasibleBudgetError:
+    """One process's refusal as one rank's (NOTE [Per-rank accounting] in
+    :mod:`autockpt.planner.measure.sharding`): the states per rank and the levers ranks have."""
+    minimum = max(error.minimum_bytes, budget.shown_bytes(0))
+    read = budget.read
+    return InfeasibleBudgetError(
+        f"budget {read.text} ({format_bytes(read.bytes)}) per rank is below the minimum "
+        f"{format_bytes(minimum)} of one of {share.world_size} ranks under "
+        f"{share.parallelism} (states per rank: parameters "
+        f"{format_bytes(share.parameters_bytes)}, gradients "
+        f"{format_bytes(share.gradients_bytes)}, optimizer state "
+        f"{format_bytes(share.optimizer_state_bytes)}); raise the budget to at least "
+        f"{format_bytes(minimum * 1.05)}, lower the batch size"
+        + (" or use more ranks" if share.parallelism == "fsdp" else " or use --strategy fsdp"),
+        budget_bytes=read.bytes,
+        minimum_bytes=minimum,
     )
 
 
-def _plan_shifted(
-    model: torch.nn.Module,
-    example_inputs: Sequence[torch.Tensor],
-    budget: Budget,
-    *,
-    share: RankShare,
-    **options: Any,
-) -> Plan:
-    """:func:`plan_one_process`, against the budget less one rank's difference.
-
-    NOTE [Per-rank accounting] in :mod:`autockpt.planner.measure.sharding`: one rank's tensors are
-    the one process's plus ``share.offset_bytes``, so the step may take the budget less that (and
-    less the allocator's share of it on CUDA). The plan that comes back is the one process's;
-    :func:`_per_rank` turns it into one rank's.
-    """
-    if share.offset_bytes == 0:
-        return plan_one_process(model, example_inputs, budget, **options)
-    offset = _outside_offset(share, options["device"])
-    shifted = Budget(bytes=budget.bytes - offset, text=budget.text, reading=budget.reading)
-    try:
-        if shifted.bytes <= 0:
-            raise InfeasibleBudgetError("", budget_bytes=shifted.bytes, minimum_bytes=1)
-        return plan_one_process(model, example_inputs, shifted, **options)
-    except InfeasibleBudgetError as error:
-        minimum = max(error.minimum_bytes, 0) + offset
-        raise InfeasibleBudgetError(
-            f"budget {budget.text} ({format_bytes(budget.bytes)}) per rank is below the minimum "
-            f"{format_bytes(minimum)} of one of {share.world_size} ranks under "
-            f"{share.parallelism} (states per rank: parameters "
-            f"{format_bytes(share.parameters_bytes)}, gradients "
-            f"{format_bytes(share.gradients_bytes)}, optimizer state "
-            f"{format_bytes(share.optimizer_state_bytes)}); raise the budget to at least "
-            f"{format_bytes(minimum * 1.05)}, lower the batch size"
-            + (" or use more ranks" if share.parallelism == "fsdp" else " or use --strategy fsdp"),
-            budget_bytes=budget.bytes,
-            minimum_bytes=minimum,
-        ) from None
-
-
-def _outside_offset(share: RankShare, device: torch.device) -> int:
-    """``share.offset_bytes`` as the device shows it: plus the allocator's share on CUDA."""
-    _, headroom_fraction = device_reserve(device)
-    return share.offset_bytes + int(share.offset_bytes * headroom_fraction)
-
-
-def _per_rank(result: Plan, share: RankShare) -> Plan:
-    """One process's plan (from :func:`_plan_shifted`) as one rank's: the peaks move by the
-    offset, the breakdown shows the rank's states (NOTE [Per-rank accounting])."""
+def _per_rank(result: Plan, budget: StepBudget, share: RankShare) -> Plan:
+    """One process's plan, its peaks already one rank's (NOTE [One budget]), with the
+    breakdown showing the rank's states (NOTE [Per-rank accounting])."""
     if share.parallelism == "single":
         return result
-    offset = _outside_offset(share, torch.device(result.device))
-    peak = result.predicted_peak_bytes + offset
     old = result.breakdown
-    _, headroom_fraction = device_reserve(torch.device(result.device))
+    peak = result.predicted_peak_bytes
     tensors = peak - old.context_bytes
-    headroom = tensors - int(tensors / (1.0 + headroom_fraction))
+    headroom = tensors - int(tensors / (1.0 + budget.headroom_fraction))
     known = (
         share.parameters_bytes
         + share.gradients_bytes
@@ -381,9 +356,6 @@ def _per_rank(result: Plan, share: RankShare) -> Plan:
     )
     return result.model_copy(
         update={
-            "predicted_peak_bytes": peak,
-            "unplanned_peak_bytes": result.unplanned_peak_bytes + offset,
-            "minimum_feasible_bytes": result.minimum_feasible_bytes + offset,
             "breakdown": breakdown,
             "world_size": share.world_size,
             "parallelism": share.parallelism,

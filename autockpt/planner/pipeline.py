@@ -71,7 +71,9 @@ from dataclasses import dataclass
 
 import torch
 
-from autockpt.planner.core.units import Budget, format_bytes
+from autockpt.planner.core.decisions import Parallelism
+from autockpt.planner.core.step_budget import StepBudget
+from autockpt.planner.core.units import format_bytes
 from autockpt.planner.measure.step_measurer import StepMeasurer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec, StepProfile
 from autockpt.planner.plan_types import Plan, StepTimelines, Strategy
@@ -92,66 +94,51 @@ from autockpt.planner.timing.timing_room import TimingRoom
 from autockpt.planner.trace.fx_graph import TracedModel
 from autockpt.planner.trace.module_chain import ModuleChain, Tracing, trace_or_find_modules
 
-#: What the CUDA context takes before any tensor (measured when a GPU is present).
-DEFAULT_CUDA_CONTEXT_BYTES = 512 * 2**20
-#: What the caching allocator reserves beyond the tensors it holds (rounding, fragmentation),
-#: as a share of the tensor bytes.
-CUDA_HEADROOM_FRACTION = 0.10
-
 
 @dataclass(frozen=True)
-class DeviceShare:
-    """What the device shows beyond a step's tensors: the context and the allocator's slack."""
+class PlanRequest:
+    """What :func:`autockpt.plan` was asked for besides the model, its inputs and the budget
+    (its arguments of the same names, resolved: the device and the parallelism are known)."""
 
-    context_bytes: int
-    headroom_fraction: float
-
-    @classmethod
-    def on(cls, device: torch.device) -> DeviceShare:
-        return cls(*device_reserve(device))
-
-    def usable_bytes(self, budget_bytes: int) -> int:
-        """The tensor bytes a step may take under ``budget_bytes`` as the device shows it."""
-        # Tensors may take what is left after the context, less the allocator's share of it.
-        return int((budget_bytes - self.context_bytes) / (1.0 + self.headroom_fraction))
-
-    def outside(self, tensor_bytes: int) -> int:
-        """What the device shows for ``tensor_bytes`` of tensors: plus context and slack."""
-        return tensor_bytes + self.context_bytes + int(tensor_bytes * self.headroom_fraction)
+    loss_fn: LossFn | None
+    example_targets: Sequence[torch.Tensor]
+    optimizer: OptimizerSpec
+    device: torch.device
+    use_gradient_checkpointing: bool | None
+    allow_micro_batches: bool
+    allow_chunks: bool
+    autocast_dtype: torch.dtype | None
+    tracing: Tracing
+    gradients_live: bool
+    world_size: int
+    parallelism: Parallelism
 
 
 def plan_one_process(
     model: torch.nn.Module,
     example_inputs: Sequence[torch.Tensor],
-    budget: Budget,
+    budget: StepBudget,
+    request: PlanRequest,
     *,
-    loss_fn: LossFn | None,
-    example_targets: Sequence[torch.Tensor],
-    optimizer: OptimizerSpec,
-    device: torch.device,
-    use_gradient_checkpointing: bool | None,
-    allow_micro_batches: bool,
-    allow_chunks: bool,
-    autocast_dtype: torch.dtype | None,
     cpu_threads: int = 1,
-    tracing: Tracing = "auto",
-    gradients_live: bool = False,
 ) -> Plan:
-    """The plan of one process's step under ``budget`` (NOTE [Planning], in order)."""
+    """The plan of one process's step under ``budget`` (NOTE [Planning], in order), reported
+    as one rank's peak against the budget the user gave (NOTE [One budget])."""
+    device = request.device
     started = time.perf_counter()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # NOTE [Planning's own peak]
-    traced = trace_or_find_modules(model, example_inputs, tracing=tracing)  # warns on fallback
-    share = DeviceShare.on(device)
-    usable_bytes = share.usable_bytes(budget.bytes)
+    # warns on the fallback to module-level segments
+    traced = trace_or_find_modules(model, example_inputs, tracing=request.tracing)
+    usable_bytes = budget.usable_bytes
     measurer = StepMeasurer(
         traced,
         example_inputs,
-        loss_fn=loss_fn,
-        example_targets=example_targets,
-        optimizer=optimizer,
-        autocast_dtype=autocast_dtype,
-        gradients_live=gradients_live,
+        loss_fn=request.loss_fn,
+        example_targets=request.example_targets,
+        optimizer=request.optimizer,
+        autocast_dtype=request.autocast_dtype,
+        gradients_live=request.gradients_live,
         room_bytes=usable_bytes,
     )
     kept = measurer.kept
@@ -170,14 +157,16 @@ def plan_one_process(
             f"step: the step refuses a few samples ({measurer.whole_batch_reason})"
         )
     strategy: Strategy = "auto"
-    if use_gradient_checkpointing is not None:
-        strategy = "checkpoint-all" if use_gradient_checkpointing else "checkpoint-none"
-        chosen = forced_plan(measurer, builder, recompute=use_gradient_checkpointing)
+    forced = request.use_gradient_checkpointing
+    if forced is not None:
+        strategy = "checkpoint-all" if forced else "checkpoint-none"
+        chosen = forced_plan(measurer, builder, recompute=forced)
         if chosen.profile.peak_bytes > usable_bytes:
             message = (
-                f"use_gradient_checkpointing={use_gradient_checkpointing} predicts a peak of "
-                f"{format_bytes(share.outside(chosen.profile.peak_bytes))}, over the budget "
-                f"{budget.text}; let the planner decide (use_gradient_checkpointing=None)"
+                f"use_gradient_checkpointing={forced} predicts a peak of "
+                f"{format_bytes(budget.shown_bytes(chosen.profile.peak_bytes))}, over the "
+                f"budget {budget.read.text}; let the planner decide "
+                "(use_gradient_checkpointing=None)"
             )
             warnings.warn(message, stacklevel=4)
             notes.append(message)
@@ -190,15 +179,15 @@ def plan_one_process(
             measurer,
             builder,
             model=model,
-            loss_fn=loss_fn,
-            usable_bytes=usable_bytes,
-            allow_chunks=allow_chunks,
-            allow_micro_batches=allow_micro_batches,
+            loss_fn=request.loss_fn,
+            budget=budget,
+            allow_chunks=request.allow_chunks,
+            allow_micro_batches=request.allow_micro_batches,
             timed_costs=costs
             if isinstance(costs, MeasuredCosts) and builder.costs is costs
             else None,
             notes=notes,
-        ).run(budget, share.outside)
+        ).run()
     decision = chosen.decision
     if decision.num_micro_batches == 1 and not any(a.recompute for a in decision.actions):
         builder.costs = estimated  # nothing to time: the plain step is the plan
@@ -208,7 +197,6 @@ def plan_one_process(
         budget=budget,
         device=device,
         strategy=strategy,
-        share=share,
         kept=kept,
         notes=notes,
         planning_s=time.perf_counter() - started,
@@ -281,10 +269,9 @@ def plan_report(
     chosen: ChosenPlan,
     builder: ChainBuilder,
     *,
-    budget: Budget,
+    budget: StepBudget,
     device: torch.device,
     strategy: Strategy,
-    share: DeviceShare,
     kept: StepProfile,
     notes: list[str],
     planning_s: float,
@@ -301,13 +288,13 @@ def plan_report(
     )
     if builder.costs.source:
         notes.append(f"step times {builder.costs.source}")
-    predicted = share.outside(final.peak_bytes)
+    predicted = budget.shown_bytes(final.peak_bytes)
     plain_timeline = step_timeline(kept, [False] * len(kept.segments))
     planned_timeline = step_timeline(final, [a.recompute for a in decision.actions])
     return Plan(
-        budget_bytes=budget.bytes,
-        budget_text=budget.text,
-        budget_reading=budget.reading,
+        budget_bytes=budget.read.bytes,
+        budget_text=budget.read.text,
+        budget_reading=budget.read.reading,
         device=str(device),
         strategy=strategy,
         batch_size=builder.batch_size,
@@ -315,13 +302,13 @@ def plan_report(
         segments=segment_plans,
         predicted_peak_bytes=predicted,
         breakdown=peak_breakdown(
-            final, share.context_bytes, predicted - final.peak_bytes - share.context_bytes
+            final, budget.context_bytes, predicted - final.peak_bytes - budget.context_bytes
         ),
-        unplanned_peak_bytes=share.outside(kept.peak_bytes),
-        minimum_feasible_bytes=share.outside(chosen.minimum_peak_bytes),
+        unplanned_peak_bytes=budget.shown_bytes(kept.peak_bytes),
+        minimum_feasible_bytes=budget.shown_bytes(chosen.minimum_peak_bytes),
         predicted_extra_s=extra_s,
         unplanned_step_s=unplanned_step_s,
-        fits=final.peak_bytes <= share.usable_bytes(budget.bytes),
+        fits=predicted <= budget.read.bytes,
         planning_s=planning_s,
         planning_peak_bytes=planning_peak_bytes,
         timeline=StepTimelines(plain=plain_timeline, planned=planned_timeline)
@@ -330,10 +317,3 @@ def plan_report(
         notes=notes,
         tracing="forward-hooks" if isinstance(builder.traced, ModuleChain) else "fx",
     )
-
-
-def device_reserve(device: torch.device) -> tuple[int, float]:
-    """Context bytes and the allocator's slack (a share of tensor bytes) on ``device``."""
-    if device.type != "cuda":
-        return 0, 0.0
-    return DEFAULT_CUDA_CONTEXT_BYTES, CUDA_HEADROOM_FRACTION

@@ -28,7 +28,8 @@ import torch
 from autockpt.planner.apply import apply
 from autockpt.planner.core.memory_tracker import MemoryTracker, tensors_of
 from autockpt.planner.core.train_eval import training_mode
-from autockpt.planner.measure.fake_step import default_loss, give_state, make_optimizer
+from autockpt.planner.measure.fake_step import default_loss
+from autockpt.planner.measure.optimizers import give_state, make_optimizer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.plan_types import Plan
 from autockpt.planner.training_step import training_step

@@ -18,7 +18,7 @@ from torch import nn
 lightning = pytest.importorskip("lightning", reason="the lightning extra is not installed")
 pl = lightning.pytorch
 
-from autockpt.errors import InfeasibleBudgetError  # noqa: E402
+from autockpt.errors import BudgetError, InfeasibleBudgetError  # noqa: E402
 from autockpt.lightning import MemoryPlan  # noqa: E402
 from tests.oracle import LiveBytes, starting_tensors  # noqa: E402
 
@@ -259,6 +259,14 @@ def test_a_resumed_run_gets_the_same_plan_and_the_same_losses(tmp_path: Path) ->
 def test_a_budget_only_micro_batches_would_meet_names_accumulate_grad_batches() -> None:
     with pytest.raises(InfeasibleBudgetError, match="accumulate_grad_batches=N"):
         _fit(Regressor(), [MemoryPlan(budget=2**20, show=False)], limit_train_batches=1)
+
+
+def test_a_budget_that_is_not_a_size_fails_where_the_callback_is_made() -> None:
+    """NOTE [One budget]: read once, in the constructor, not at the first batch."""
+    with pytest.raises(BudgetError, match="'4XB' is not a size"):
+        MemoryPlan(budget="4XB")
+    assert MemoryPlan(budget="auto").budget == "auto"  # the device's free memory, read later
+    assert MemoryPlan(budget="4GB").budget.bytes == 4 * 10**9
 
 
 DDP_RUN = """

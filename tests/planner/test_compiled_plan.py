@@ -17,7 +17,7 @@ from torch import nn
 
 import autockpt
 from autockpt.errors import ConfigError, InfeasibleBudgetError
-from autockpt.planner import pipeline
+from autockpt.planner.core import step_budget
 from tests.oracle import profiled_peak_bytes
 
 BATCH, WIDTH = 512, 256
@@ -138,7 +138,7 @@ def test_the_device_context_counts_in_every_compiled_step(workload, monkeypatch)
     model, x, y = workload
     plain = _plan(model, x, y, 10**12)
     context = 64 * 2**20
-    monkeypatch.setattr(pipeline, "device_reserve", lambda device: (context, 0.0))
+    monkeypatch.setattr(step_budget, "device_reserve", lambda device: (context, 0.0))
     counted = _plan(model, x, y, 10**12)
     assert counted.breakdown.context_bytes == context
     assert counted.predicted_peak_bytes - context == pytest.approx(

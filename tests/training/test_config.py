@@ -1,12 +1,17 @@
 """TrainConfig and load_train_config: defaults, TOML, overrides, and one-line errors."""
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
+from autockpt import Budget
 from autockpt.errors import BudgetError, ConfigError
+from autockpt.training.options import config as config_module
+from autockpt.training.options import settings as settings_module
 from autockpt.training.options.config import TrainConfig, load_train_config
-from autockpt.training.options.settings import column_roles
+from autockpt.training.options.settings import column_roles, resolve_budget
 
 
 def write_toml(tmp_path: Path, text: str) -> Path:
@@ -33,7 +38,7 @@ def test_toml_values_and_command_line_overrides(tmp_path: Path) -> None:
     assert config.epochs == 5  # the command line wins
     assert config.lr == TrainConfig().lr  # None leaves the default alone
     assert config.known_columns == ("a", "b")
-    assert config.vram_budget == "2GB"
+    assert isinstance(config.vram_budget, Budget) and config.vram_budget.bytes == 2 * 10**9
     roles = column_roles(config)
     assert (roles.known, roles.static, roles.ignore) == (["a", "b"], ["exchange"], ["raw"])
     assert roles.scaling == "global" and roles.observed is None
@@ -93,6 +98,32 @@ def test_budget_errors_keep_the_units_message() -> None:
 
 def test_auto_budget_is_read_later_with_the_device() -> None:
     assert load_train_config(None, {"vram_budget": "auto"}).vram_budget == "auto"
+
+
+def test_the_budget_is_read_once_and_saved_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [One budget]: the config reads the flag; copies, the run's settings and the saved
+    config carry what it read, and the saved text reads back to the same budget."""
+    config = load_train_config(None, {"vram_budget": "3.5GiB"})
+    read = config.vram_budget
+    assert isinstance(read, Budget) and read.bytes == int(3.5 * 2**30)
+
+    readings: list[object] = []
+    reading = config_module.parse_budget
+
+    def counted(value: Any, **kwargs: Any) -> Budget:
+        readings.append(value)
+        return reading(value, **kwargs)
+
+    monkeypatch.setattr(config_module, "parse_budget", counted)
+    monkeypatch.setattr(settings_module, "parse_budget", counted)
+    copy = config.with_updates(epochs=2)
+    assert copy.vram_budget is read
+    assert resolve_budget(copy.vram_budget, torch.device("cpu")) is read
+    saved = copy.model_dump(mode="json")
+    assert saved["vram_budget"] == "3.5GiB"
+    assert "3.5GiB" not in readings, "the budget was read again"
+    monkeypatch.undo()
+    assert TrainConfig.model_validate(saved).vram_budget == read
 
 
 def test_with_updates_validates() -> None:

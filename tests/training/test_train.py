@@ -10,6 +10,7 @@ import io
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -313,6 +314,37 @@ def test_a_step_over_the_budget_triggers_a_logged_replan(tmp_path: Path) -> None
     assert plan_of(run.path).budget_bytes == 9_000_000
     trainer.enforce_budget(9_000_000)  # within the 10 MB budget: nothing happens
     assert trainer.state.num_replans == 1
+
+
+def test_the_run_trains_with_the_optimizer_planning_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One optimizer factory: planning counts (and times) what the run's factory makes, and the
+    run trains with what the same factory makes (its class and every setting)."""
+    given: list[object] = []
+    planner = autockpt.plan
+
+    def spy(*args: Any, **kwargs: Any) -> autockpt.Plan:
+        given.append(kwargs["optimizer"])
+        return planner(*args, **kwargs)
+
+    monkeypatch.setattr(autockpt, "plan", spy)
+    config = TrainConfig(
+        data=SAMPLE_DATA,
+        preset="tiny",
+        batch_size=8,
+        max_steps_per_epoch=1,
+        lr=0.004,
+        weight_decay=0.03,
+    )
+    setup = prepare(config)
+    trainer = Trainer(setup, RunFolder.create(tmp_path / "run"), JsonLinesReporter(io.StringIO()))
+    assert given and all(callable(spec) for spec in given)
+    planned = given[-1](list(setup.model.parameters()))  # type: ignore[operator]
+    assert type(planned) is type(trainer.optimizer)
+    assert planned.defaults == trainer.optimizer.defaults
+    assert trainer.optimizer.defaults["lr"] == 0.004
+    assert trainer.optimizer.defaults["weight_decay"] == 0.03
 
 
 def test_learning_rate_warms_up_then_decays_to_zero() -> None:

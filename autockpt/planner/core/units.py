@@ -50,6 +50,15 @@ class Budget(BaseModel):
     text: str
     reading: str
 
+    def lowered_to(self, num_bytes: int) -> Budget:
+        """This budget, asked for at ``num_bytes`` instead: what a run plans again for after a
+        step went over (NOTE [Planning again] in :mod:`autockpt.planner.verify`)."""
+        return Budget(
+            bytes=num_bytes,
+            text=self.text,
+            reading=f"{self.reading}, planned for {format_bytes(num_bytes)} after a step went over",
+        )
+
 
 def format_bytes(num_bytes: float) -> str:
     """Human-readable size in powers of two, e.g. ``1.50 GiB``; negative sizes keep their sign."""

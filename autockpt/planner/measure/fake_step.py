@@ -22,7 +22,6 @@ the predicted peak is that measurement, not the solver's estimate.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +42,7 @@ from autockpt.planner.core.memory_tracker import (
     tensors_of,
 )
 from autockpt.planner.core.output_structure import output_tensors
+from autockpt.planner.measure.optimizers import make_optimizer, same_kind
 from autockpt.planner.measure.step_profile import (
     PHASES,
     LossFn,
@@ -67,42 +67,6 @@ def default_loss(output: Any) -> torch.Tensor:
     if not floating:
         raise ValueError("the model's output holds no floating-point tensor to take a loss of")
     return torch.stack(floating).sum()
-
-
-def make_optimizer(
-    spec: OptimizerSpec, parameters: Sequence[torch.nn.Parameter]
-) -> torch.optim.Optimizer | None:
-    """The optimizer whose state the step counts: ``"adamw"``, ``"sgd"``, ``None`` or a copy
-    of an instance's class and settings."""
-    trainable = [p for p in parameters if p.requires_grad]
-    if spec is None or not trainable:
-        return None
-    if isinstance(spec, torch.optim.Optimizer):
-        return _same_kind(spec, trainable)
-    if spec == "adamw":
-        return torch.optim.AdamW(trainable, lr=1e-3)
-    if spec == "sgd":
-        return torch.optim.SGD(trainable, lr=1e-2, momentum=0.9)
-    raise ValueError(f"optimizer {spec!r} is not one of 'adamw', 'sgd', None or an instance")
-
-
-def give_state(optimizer: torch.optim.Optimizer, parameters: Sequence[torch.nn.Parameter]) -> None:
-    """Make ``optimizer``'s state as an earlier step leaves it (what training holds), from
-    zero gradients; the gradients are then set to None."""
-    for parameter in parameters:
-        if parameter.requires_grad:
-            parameter.grad = torch.zeros_like(parameter)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
-def _same_kind(
-    optimizer: torch.optim.Optimizer, parameters: Sequence[torch.nn.Parameter]
-) -> torch.optim.Optimizer:
-    """An optimizer of ``optimizer``'s class and settings over other parameters."""
-    accepted = inspect.signature(type(optimizer).__init__).parameters
-    settings = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-    return type(optimizer)(parameters, **settings)
 
 
 class _StepRecorder:
@@ -200,7 +164,7 @@ class FakeTrainingState:
     Args:
         traced: the traced model, or the module chain of one that does not trace (measured
             on a real copy when its ``fake_mode`` is ``None``; NOTE [Module chain]).
-        optimizer: what optimizer state to count (see :func:`make_optimizer`).
+        optimizer: what optimizer state to count (see :func:`~autockpt.planner.measure.optimizers.make_optimizer`).
         gradients_live: every gradient is alive from the start of the step, as in the steady
             state of micro-batches (a loop that accumulates, or zeroes after the forward).
     """
@@ -255,7 +219,7 @@ class FakeTrainingState:
                 torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=True)
                 for p in chosen
             ]
-        probe = _same_kind(self.optimizer, chosen)
+        probe = same_kind(self.optimizer, chosen)
         for parameter in chosen:
             parameter.grad = torch.zeros_like(parameter)
         probe.step()  # create its state

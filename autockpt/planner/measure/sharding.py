@@ -24,7 +24,8 @@ The planner measures one process training the per-rank batch (NOTE [Step account
   flat buffer of the collective that fills or empties them), all padded to ``N`` shards.
 
 The planner applies the difference as one constant added to every byte count of the measured
-step (:attr:`RankShare.offset_bytes`), i.e. subtracted from the budget:
+step (:attr:`RankShare.offset_bytes`), i.e. subtracted from the budget (the budget carries it:
+NOTE [One budget] in :mod:`autockpt.planner.core.step_budget`):
 
     ddp:   + G
     fsdp:  - (P - P/N) - (O - O/N) + gathered
@@ -51,6 +52,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autockpt.planner.core.decisions import Parallelism
+from autockpt.planner.measure.optimizers import make_optimizer
+from autockpt.planner.measure.step_profile import OptimizerSpec
 
 #: The unit name of parameters that belong to no leaf unit (FSDP's root unit).
 ROOT_UNIT = ""
@@ -216,7 +219,7 @@ def fsdp_unit_paths(model: torch.nn.Module) -> list[str]:
 def parameter_layouts(
     model: torch.nn.Module,
     *,
-    optimizer: str | torch.optim.Optimizer | None = "adamw",
+    optimizer: OptimizerSpec = "adamw",
     unit_paths: Sequence[str] = (),
 ) -> list[ParameterLayout]:
     """The layout of every parameter of ``model``, with its optimizer state and FSDP unit.
@@ -251,12 +254,8 @@ def parameter_layouts(
     return layouts
 
 
-def _optimizer_state_shape(
-    optimizer: str | torch.optim.Optimizer | None, dtype: torch.dtype
-) -> tuple[float, int]:
+def _optimizer_state_shape(optimizer: OptimizerSpec, dtype: torch.dtype) -> tuple[float, int]:
     """(state bytes shaped like a parameter per byte of it, scalar state bytes) per parameter."""
-    from autockpt.planner.measure.fake_step import make_optimizer
-
     with FakeTensorMode():
         probe = torch.nn.Parameter(torch.zeros(4, 3, dtype=dtype))
         made = make_optimizer(optimizer, [probe])

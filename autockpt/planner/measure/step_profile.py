@@ -10,7 +10,12 @@ from dataclasses import dataclass, field
 import torch
 
 LossFn = Callable[..., torch.Tensor]
-OptimizerSpec = str | torch.optim.Optimizer | None
+#: What makes a training run's optimizer from its trainable parameters, e.g.
+#: ``functools.partial(torch.optim.AdamW, lr=3e-4, fused=True)``.
+OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
+#: ``"adamw"``, ``"sgd"``, ``None`` (no state), an optimizer instance (its class and settings)
+#: or an :data:`OptimizerFactory`.
+OptimizerSpec = str | torch.optim.Optimizer | OptimizerFactory | None
 
 PHASES = ("forward", "loss", "backward", "optimizer")
 

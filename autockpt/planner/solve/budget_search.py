@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autockpt.errors import InfeasibleBudgetError, describe_error
-from autockpt.planner.core.units import Budget
+from autockpt.planner.core.step_budget import StepBudget
 from autockpt.planner.measure.separability import Separability
 from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.solve.chain_builder import ChainBuilder
@@ -194,11 +194,12 @@ class BudgetSearch:
     def minimum_peak_bytes(self) -> int:
         return min(minimum_peak(chain).peak_bytes for _, chain in self.chains())
 
-    def infeasible(self, budget: Budget, outside: Callable[[int], int]) -> InfeasibleBudgetError:
+    def infeasible(self, budget: StepBudget) -> InfeasibleBudgetError:
         """The error for a budget below every plan, with the minimum, what bounds it and the
         levers that work (after :meth:`lowest_peak_fit` found nothing, so the minimum is a
         measured one; NOTE [Refusal])."""
         lowest = self.measure.lowest
+        outside = budget.shown_bytes
         minimum = outside(lowest[1].peak_bytes if lowest else self.minimum_peak_bytes())
         # Rounded up to whole KiB: a real step can hold a few bytes of scalars more than the
         # measured one (4 to 8 bytes seen with micro-batches), which must not tip it over.
@@ -209,7 +210,7 @@ class BudgetSearch:
             measured = self.measure_half(lowest[0])
             half = outside(measured.peak_bytes) if measured is not None else None
         return infeasible_error(
-            budget=budget,
+            budget=budget.read,
             minimum_bytes=minimum,
             # Parameters, their gradients and the optimizer state do not shrink with the batch.
             fixed_bytes=outside(2 * kept.parameter_bytes + kept.optimizer_state_bytes),

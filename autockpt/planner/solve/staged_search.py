@@ -7,11 +7,9 @@ ones before cannot fit, or fit at more than ``WIDEN_PAST_SHARE`` of the plain st
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from autockpt.planner.core.units import Budget
+from autockpt.planner.core.step_budget import StepBudget
 from autockpt.planner.measure.step_measurer import StepMeasurer
 from autockpt.planner.measure.step_profile import LossFn, StepProfile
 from autockpt.planner.solve.budget_search import BudgetSearch
@@ -36,14 +34,15 @@ Fit = tuple[Decision, StepProfile]
 
 
 class StagedSearch:
-    """The cheapest plan under ``usable_bytes`` of tensors, the options widened in stages.
+    """The cheapest plan under ``budget``'s usable bytes of tensors, the options widened in
+    stages.
 
     Args:
         measurer: the step's measurements, its kept profile already taken.
         builder: builds the chains; its costs are the ones the search prices with.
         model: the real model, for the separability probe.
         loss_fn: the loss the probe runs.
-        usable_bytes: the tensor bytes a plan may take (the budget less the device's share).
+        budget: the budget, whose usable bytes a plan's tensors may take (NOTE [One budget]).
         allow_chunks, allow_micro_batches: the caller's leave to split the batch.
         timed_costs: the costs that time the real model, where plans are timed whole
             (NOTE [Whole-plan timing]); ``None`` where they are not.
@@ -57,14 +56,15 @@ class StagedSearch:
         *,
         model: torch.nn.Module,
         loss_fn: LossFn | None,
-        usable_bytes: int,
+        budget: StepBudget,
         allow_chunks: bool,
         allow_micro_batches: bool,
         timed_costs: MeasuredCosts | None,
         notes: list[str],
     ) -> None:
         self.builder = builder
-        self.usable_bytes = usable_bytes
+        self.budget = budget
+        self.usable_bytes = usable_bytes = budget.usable_bytes
         self.timed_costs = timed_costs
         self.notes = notes
         self.search = BudgetSearch(
@@ -89,7 +89,7 @@ class StagedSearch:
             notes=notes,
         )
 
-    def run(self, budget: Budget, outside: Callable[[int], int]) -> ChosenPlan:
+    def run(self) -> ChosenPlan:
         """The plan: the cheapest fit, timed whole where it can be.
 
         Raises:
@@ -105,7 +105,7 @@ class StagedSearch:
             found = search.lowest_peak_fit(self.usable_bytes, self.notes)
         self.notes.extend(search.measure.failures)
         if found is None:
-            raise search.infeasible(budget, outside)
+            raise search.infeasible(self.budget)
         timed_extra_s = None
         if self.timed_costs is not None:
             found, timed_extra_s = self._fastest_whole(self.timed_costs, found, stage_timed)

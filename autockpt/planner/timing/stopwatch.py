@@ -61,7 +61,8 @@ import torch
 from autockpt.planner.core.batch_split import batch_size_of, take_samples
 from autockpt.planner.core.decisions import KEEP, SegmentAction
 from autockpt.planner.core.memory_tracker import flat_tensors, tensor_bytes
-from autockpt.planner.measure.fake_step import default_loss, make_optimizer
+from autockpt.planner.measure.fake_step import default_loss
+from autockpt.planner.measure.optimizers import make_optimizer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.runtime.segment_runners import SegmentRunner, build_segmented_module
 from autockpt.planner.timing.segment_clock import (

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import autockpt
-from autockpt import Plan, format_bytes, parse_budget
+from autockpt import Plan, format_bytes
 from autockpt.planner.verify import REPLANNING
 from autockpt.training.host.distributed import agree_on_plan, plan_digest, wrap
 from autockpt.training.setup.checkpoint import RunState
@@ -132,13 +132,15 @@ class Replanner:
     def use_plan_for(self, budget_bytes: int, state: RunState) -> None:
         """Plan for ``budget_bytes`` and train with that plan (same parameters, new wrapping)."""
         setup = self.setup
+        run_budget = setup.budget
+        assert run_budget is not None, "only a run with a budget plans again"
         self.plan = agree_on_plan(
             self.world,
             lambda: make_plan(
                 setup.model,
                 setup.example_inputs,
                 setup.example_targets,
-                parse_budget(budget_bytes),
+                run_budget.lowered_to(budget_bytes),
                 loss_fn=setup.loss_fn,
                 device=setup.device,
                 config=setup.config,

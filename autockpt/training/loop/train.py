@@ -32,9 +32,9 @@ from autockpt.training.host.progress import Reporter
 from autockpt.training.loop.prefetch import Prefetch, epoch_batches
 from autockpt.training.loop.replanning import Replanner
 from autockpt.training.loop.step_memory import StepMemoryMeter
-from autockpt.training.loop.step_model import compiled_step, make_optimizer
+from autockpt.training.loop.step_model import compiled_step
 from autockpt.training.options.schedule import learning_rate_factor
-from autockpt.training.options.settings import seed_everything
+from autockpt.training.options.settings import run_optimizer, seed_everything
 from autockpt.training.setup.baselines import skill
 from autockpt.training.setup.checkpoint import (
     RunState,
@@ -80,7 +80,8 @@ class Trainer:
             compile_step=functools.partial(compiled_step, config=self.config),
             log=self.log,
         )
-        self.optimizer = make_optimizer(self.model, setup)
+        optimizer_of = run_optimizer(setup.config, setup.device, setup.parallelism)  # planned for
+        self.optimizer = optimizer_of(list(self.model.parameters()))
         num_batches = len(setup.data.train) // setup.global_batch_size
         assert num_batches > 0, "prepare() checks there is a full batch"
         self.steps_per_epoch = min(num_batches, self.config.max_steps_per_epoch or num_batches)

@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_serializer, field_validator
 
+from autockpt import Budget, parse_budget
 from autockpt.errors import AutockptError, BudgetError, ConfigError
 
 Device = Literal["cpu", "cuda", "auto"]
@@ -69,7 +70,7 @@ class TrainConfig(BaseModel):
     """random seed, a whole number >= 0; the same seed gives the same run."""
     out: Path | None = None
     """run folder to create; unset means runs/<preset>-<date>-<time>."""
-    vram_budget: str | None = None
+    vram_budget: Budget | Literal["auto"] | None = None
     """memory budget such as 4GB, 3.5GiB or auto; unset means auto on cuda, no limit on cpu."""
     use_gradient_checkpointing: bool | None = None
     """true recomputes every segment, false none; unset lets the planner choose for the budget."""
@@ -171,22 +172,25 @@ class TrainConfig(BaseModel):
             raise ValueError("is not a preset")
         return value
 
-    @field_validator("vram_budget")
+    @field_validator("vram_budget", mode="before")
     @classmethod
-    def _readable_budget(cls, value: str | None) -> str | None:
-        # ``auto`` needs the device, so it is read later; everything else is read here so that a
-        # typo fails before any data is loaded.
-        if value is not None and value.strip().lower() != "auto":
-            from autockpt import parse_budget
+    def _read_budget(cls, value: Any) -> Any:
+        # NOTE [One budget] in autockpt.planner.core.step_budget: the budget is read here, once,
+        # so that a typo fails before any data is loaded; ``auto`` needs the device, so the run
+        # reads the device's free memory once it knows it (settings.resolve_budget).
+        if value is None or isinstance(value, Budget):
+            return value
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        return parse_budget(value)
 
-            parse_budget(value)
-        return value
+    @field_serializer("vram_budget")
+    def _budget_as_written(self, value: Budget | str | None) -> str | None:
+        return value.text if isinstance(value, Budget) else value
 
     @field_validator("max_host_memory")
     @classmethod
     def _readable_size(cls, value: str) -> str:
-        from autockpt import parse_budget
-
         try:
             if value.strip().lower() == "auto":
                 raise BudgetError("auto is for the device")
@@ -213,7 +217,8 @@ class TrainConfig(BaseModel):
 
     def with_updates(self, **changes: Any) -> TrainConfig:
         """A validated copy with ``changes`` applied (``model_copy`` would skip validation)."""
-        return _validate({**self.model_dump(), **changes}, sources={})
+        # The fields' values as they are (a budget already read stays read), not as dumped.
+        return _validate({**dict(self), **changes}, sources={})
 
 
 def load_train_config(

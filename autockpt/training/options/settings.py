@@ -1,20 +1,22 @@
 """The run's settings resolved from a :class:`~autockpt.training.options.config.TrainConfig`.
 
 Each function turns one option into what the run uses: the device, the autocast dtype, the
-budget, the data file and its column roles, the loss, the seeds. They read and check; none
+budget, the optimizer, the data file and its column roles, the loss, the seeds. They read and check; none
 writes anything, so a bad option ends the run before anything is on disk.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 from datetime import datetime
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 
-from autockpt import Budget, parse_budget
+from autockpt import Budget, OptimizerFactory, Parallelism, parse_budget
 from autockpt.errors import DataError, DeviceError
 from autockpt.training.options.config import TrainConfig
 from tft.data.columns import ColumnRoles
@@ -46,11 +48,27 @@ def resolve_precision(choice: str, device: torch.device) -> torch.dtype | None:
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[choice]
 
 
-def resolve_budget(text: str | None, device: torch.device) -> Budget | None:
-    """The budget to plan for: as given, ``auto`` on CUDA when unset, no limit on the CPU."""
-    if text is None:
-        return parse_budget("auto", device=device) if device.type == "cuda" else None
-    return parse_budget(text, device=device)
+def resolve_budget(given: Budget | Literal["auto"] | None, device: torch.device) -> Budget | None:
+    """The budget to plan for: as given (read once, by the config), ``auto`` (the device's free
+    memory) on CUDA when unset, no limit on the CPU."""
+    if isinstance(given, Budget):
+        return given
+    if given is None and device.type != "cuda":
+        return None
+    return parse_budget("auto", device=device)
+
+
+def run_optimizer(
+    config: TrainConfig, device: torch.device, parallelism: Parallelism
+) -> OptimizerFactory:
+    """What makes the run's AdamW: planning counts and times the optimizer this makes, and the
+    run trains with what it makes. On the CPU its fused kernel updates every parameter in one
+    op, where the default loops over them: 15 ms against 1 ms a step on ``tiny`` (136
+    parameters); FSDP's sharded parameters take the default."""
+    fused = device.type == "cpu" and parallelism != "fsdp"
+    return functools.partial(
+        torch.optim.AdamW, lr=config.lr, weight_decay=config.weight_decay, fused=fused or None
+    )
 
 
 def resolve_data_path(config: TrainConfig) -> tuple[Path, str | None]:

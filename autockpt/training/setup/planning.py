@@ -11,6 +11,7 @@ import torch
 import autockpt
 from autockpt import Budget, Parallelism, Plan
 from autockpt.training.options.config import TrainConfig
+from autockpt.training.options.settings import run_optimizer
 from tft.model.loss import QuantileLoss
 
 #: What "no limit" plans against on the CPU when no budget is given: far above any step.
@@ -53,7 +54,7 @@ def make_plan(
             planned_for,
             loss_fn=loss_fn,
             example_targets=example_targets,
-            optimizer="adamw",
+            optimizer=run_optimizer(config, device, parallelism),
             device=device,
             use_gradient_checkpointing=config.use_gradient_checkpointing,
             autocast_dtype=autocast_dtype,

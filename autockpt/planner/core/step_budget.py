@@ -1,0 +1,96 @@
+"""The budget as planning spends it: the user's reading, and what comes off it before a step's
+tensors.
+
+NOTE [One budget]
+A budget is read once (:func:`~autockpt.planner.core.units.parse_budget`, at the edge: the CLI's
+config, or :func:`autockpt.plan`'s argument) into a :class:`~autockpt.planner.core.units.Budget`,
+and planning carries it as one :class:`StepBudget` that knows everything taken off it:
+
+- on CUDA, the context (bytes the device shows before any tensor) and the caching allocator's
+  slack (a share of the tensor bytes): a budget is what ``nvidia-smi`` shows;
+- for one of several ranks, the rank's states beyond one process's (NOTE [Per-rank accounting]
+  in :mod:`autockpt.planner.measure.sharding`), with the allocator's share of them;
+- after a real step went over, the lowered target planning aims at (NOTE [Planning again] in
+  :mod:`autockpt.planner.verify`), while the plan still reports the budget the user gave.
+
+Planning reads :attr:`StepBudget.usable_bytes` (the tensor bytes one process's step may take)
+and turns measured tensor bytes into what the device shows for one rank with
+:meth:`StepBudget.shown_bytes`; the plan reports :attr:`StepBudget.read`. Nothing else shifts a
+budget up or down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from autockpt.planner.core.units import Budget
+
+#: What the CUDA context takes before any tensor (measured when a GPU is present).
+DEFAULT_CUDA_CONTEXT_BYTES = 512 * 2**20
+#: What the caching allocator reserves beyond the tensors it holds (rounding, fragmentation),
+#: as a share of the tensor bytes.
+CUDA_HEADROOM_FRACTION = 0.10
+
+
+def device_reserve(device: torch.device) -> tuple[int, float]:
+    """Context bytes and the allocator's slack (a share of tensor bytes) on ``device``."""
+    if device.type != "cuda":
+        return 0, 0.0
+    return DEFAULT_CUDA_CONTEXT_BYTES, CUDA_HEADROOM_FRACTION
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """One budget from the user's reading to the tensor bytes a step may take (NOTE [One budget]).
+
+    Attributes:
+        read: the budget as the user gave it; the plan reports this one.
+        target_bytes: what planning aims at as the device shows it: ``read.bytes``, or lower
+            after a real step went over.
+        context_bytes: what the device shows before any tensor (the CUDA context).
+        headroom_fraction: the allocator's slack, a share of the tensor bytes.
+        rank_offset_bytes: one rank's tensors beyond one process's (0 for one process).
+    """
+
+    read: Budget
+    target_bytes: int
+    context_bytes: int = 0
+    headroom_fraction: float = 0.0
+    rank_offset_bytes: int = 0
+
+    @classmethod
+    def on(cls, read: Budget, device: torch.device, *, rank_offset_bytes: int = 0) -> StepBudget:
+        """``read`` spent on ``device`` by one rank whose states exceed one process's by
+        ``rank_offset_bytes``."""
+        context_bytes, headroom_fraction = device_reserve(device)
+        return cls(read, read.bytes, context_bytes, headroom_fraction, rank_offset_bytes)
+
+    def lowered(self, target_bytes: int) -> StepBudget:
+        """The same budget, planned for at ``target_bytes`` (still reported as :attr:`read`)."""
+        return dataclasses.replace(self, target_bytes=target_bytes)
+
+    @property
+    def rank_offset_shown_bytes(self) -> int:
+        """The rank's extra tensors as the device shows them: plus the allocator's share."""
+        return self.rank_offset_bytes + int(self.rank_offset_bytes * self.headroom_fraction)
+
+    @property
+    def usable_bytes(self) -> int:
+        """The tensor bytes one process's step may take under :attr:`target_bytes`."""
+        # What is left after the rank's extra states and the context, less the allocator's
+        # share of it.
+        left = self.target_bytes - self.rank_offset_shown_bytes - self.context_bytes
+        return int(left / (1.0 + self.headroom_fraction))
+
+    def shown_bytes(self, tensor_bytes: int) -> int:
+        """What the device shows for one rank whose process holds ``tensor_bytes`` of tensors:
+        plus the rank's extra states, the context and the allocator's slack."""
+        return (
+            tensor_bytes
+            + int(tensor_bytes * self.headroom_fraction)
+            + self.context_bytes
+            + self.rank_offset_shown_bytes
+        )
