@@ -703,6 +703,30 @@ MUTATIONS = (
         "    if False:",
         ("tests/planner/test_optimizer_specs.py",),
     ),
+    Mutation(
+        "hf-plan-not-installed",
+        "the Hugging Face callback plans but the Trainer's model keeps its own submodules",
+        "autockpt/hf/callback.py",
+        "            self._installed = InstalledPlan(module, autockpt.apply(HuggingFaceStep(module), plan))\n        except",
+        "            autockpt.apply(HuggingFaceStep(module), plan)\n        except",
+        ("tests/hf/test_trainer_callback.py",),
+    ),
+    Mutation(
+        "hf-plan-not-in-checkpoints",
+        "the Hugging Face callback's checkpoint state leaves its plan out",
+        "autockpt/hf/callback.py",
+        '"attributes": {"plan_json": plan_json}',
+        '"attributes": {"plan_json": None}',
+        ("tests/hf/test_trainer_callback.py",),
+    ),
+    Mutation(
+        "hf-checkpointing-left-on",
+        "with args.gradient_checkpointing and MemoryPlan both, the model's own checkpointing stays on",
+        "autockpt/hf/callback.py",
+        "                turn_off()\n",
+        "                pass\n",
+        ("tests/hf/test_trainer_callback.py",),
+    ),
 )
 
 

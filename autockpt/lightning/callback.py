@@ -15,7 +15,7 @@ module that sees the trainer and logs nothing. The optimizer's state is counted 
 Lightning built, ``"bf16-mixed"`` and ``"16-mixed"`` measure under autocast. The plan is put
 into the LightningModule Lightning trains (its planned ``forward``,
 :class:`~autockpt.lightning.forward_plan.InstalledForward`, or its planned submodules,
-:class:`~autockpt.lightning.step.InstalledPlan`):
+:class:`~autockpt.installed_plan.InstalledPlan`):
 same parameters, same ``state_dict`` keys; evaluation, validation and prediction run the same
 computation (a recomputed submodule only changes what backward keeps).
 
@@ -52,8 +52,10 @@ from rich.console import Console
 import autockpt
 from autockpt import Budget, Plan
 from autockpt.errors import InfeasibleBudgetError, PlanMismatchError, PlanningError, TraceError
+from autockpt.installed_plan import InstalledPlan
 from autockpt.lightning.forward_plan import InstalledForward, LossAfterForward, forward_inputs
-from autockpt.lightning.step import InstalledPlan, LightningStep, step_loss
+from autockpt.lightning.step import LightningStep, step_loss
+from autockpt.planner.core.units import read_unless_auto
 
 __all__ = ["MemoryPlan"]
 
@@ -96,12 +98,7 @@ class MemoryPlan(pl.Callback):
         super().__init__()
         # NOTE [One budget]: read once, here, so a typo fails where the callback is made;
         # ``auto`` needs the device, so it is read when the first batch is planned.
-        self.budget: Budget | str = (
-            budget
-            if isinstance(budget, Budget)
-            or (isinstance(budget, str) and budget.strip().lower() == "auto")
-            else autockpt.parse_budget(budget)
-        )
+        self.budget = read_unless_auto(budget)
         self.use_gradient_checkpointing = use_gradient_checkpointing
         self.allow_chunks = allow_chunks
         self.show = show

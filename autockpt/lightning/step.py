@@ -8,10 +8,8 @@ It is planned with module-level segments (``plan(..., tracing="forward-hooks")``
 [Module chain]): the segments are the LightningModule's submodules, so the plan can act on the
 module Lightning calls rather than on a traced copy of the step.
 
-:class:`InstalledPlan` puts the planned submodules into the LightningModule itself and takes
-them out again. The planned submodules are shallow copies sharing every parameter and buffer
-(:func:`autockpt.apply`), so the optimizer Lightning built keeps training the same tensors and
-``state_dict()`` keeps its keys.
+:class:`~autockpt.installed_plan.InstalledPlan` puts the planned submodules into the
+LightningModule itself and takes them out again.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["InstalledPlan", "LightningStep", "step_loss"]
+__all__ = ["LightningStep", "step_loss"]
 
 
 class LightningStep(torch.nn.Module):
@@ -86,42 +84,3 @@ def step_loss(output: Any) -> torch.Tensor:
         f"training_step returned {type(output).__name__}, not a loss tensor or a dict with "
         "'loss'; MemoryPlan plans the step on a batch whose training_step returns the loss"
     )
-
-
-class InstalledPlan:
-    """The planned submodules of a :class:`LightningStep` plan, put into the LightningModule.
-
-    ``planned`` is ``autockpt.apply(LightningStep(module, ...), plan)``. Every child of
-    ``module`` that the plan copied (a recomputed submodule or one on the path to one) is
-    replaced by its planned copy; when the plan recomputes the LightningModule's own
-    ``forward`` (a ``training_step`` that calls ``self(x)``), the planned ``forward`` is set on
-    the instance. :meth:`remove` puts the originals back.
-    """
-
-    def __init__(self, module: torch.nn.Module, planned: torch.nn.Module) -> None:
-        self.module = module
-        planned_module = planned._modules["module"]
-        assert planned_module is not None
-        self._replaced: dict[str, torch.nn.Module | None] = {}
-        for name, child in planned_module._modules.items():
-            if child is not module._modules.get(name):
-                self._replaced[name] = module._modules.get(name)
-                module._modules[name] = child
-        forward = planned_module.__dict__.get("forward")
-        self._forward_set = forward is not None and planned_module is not module
-        if self._forward_set:
-            module.forward = forward  # type: ignore[method-assign, assignment]
-
-    @property
-    def num_replaced(self) -> int:
-        """Children of the LightningModule now running planned (the forward counts as one)."""
-        return len(self._replaced) + int(self._forward_set)
-
-    def remove(self) -> None:
-        """Put the LightningModule's own submodules and forward back."""
-        for name, original in self._replaced.items():
-            self.module._modules[name] = original
-        self._replaced.clear()
-        if self._forward_set:
-            del self.module.__dict__["forward"]
-            self._forward_set = False

@@ -123,6 +123,16 @@ def parse_budget(value: str | int, *, device: torch.device | str | None = None) 
     )
 
 
+def read_unless_auto(value: str | int | Budget) -> Budget | str:
+    """``value`` read now (a typo fails where it is given), or ``"auto"`` kept to be read
+    once the device is known (NOTE [One budget] in :mod:`autockpt.planner.core.step_budget`)."""
+    if isinstance(value, Budget):
+        return value
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    return parse_budget(value)
+
+
 def _auto_budget(text: str, device: torch.device | str | None) -> Budget:
     resolved = torch.device(device) if device is not None else None
     if resolved is None or resolved.type != "cuda" or not torch.cuda.is_available():
