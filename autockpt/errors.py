@@ -22,15 +22,23 @@ class InfeasibleBudgetError(AutockptError):
         budget_bytes: the budget that was asked for.
         minimum_bytes: the smallest budget a plan can meet for this model and batch.
         bound: what keeps the minimum where it is, as the message says it ("" when not known).
+        unplanned_bytes: the peak of the plain step (0 when not measured).
     """
 
     def __init__(
-        self, message: str, *, budget_bytes: int, minimum_bytes: int, bound: str = ""
+        self,
+        message: str,
+        *,
+        budget_bytes: int,
+        minimum_bytes: int,
+        bound: str = "",
+        unplanned_bytes: int = 0,
     ) -> None:
         super().__init__(message)
         self.budget_bytes = budget_bytes
         self.minimum_bytes = minimum_bytes
         self.bound = bound
+        self.unplanned_bytes = unplanned_bytes
 
 
 class TraceError(AutockptError):

@@ -151,6 +151,11 @@ def _print_summary(console: Console, plan: Plan, *, budget_given: bool) -> None:
             f"micro-batches: {plan.num_micro_batches} of at most "
             f"{-(-plan.batch_size // plan.num_micro_batches)} samples, gradients accumulated"
         )
+    if (chunks := plan.loss_chunks) is not None:
+        console.print(
+            f"loss chunks:   {chunks.head} and the loss in {chunks.num_chunks} chunks of "
+            f"positions (dim {chunks.dim}, {chunks.reduction}), each recomputed in backward"
+        )
     for note in plan.notes:
         console.print(f"note:          {note}")
 

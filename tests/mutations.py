@@ -727,6 +727,32 @@ MUTATIONS = (
         "                pass\n",
         ("tests/hf/test_trainer_callback.py",),
     ),
+    Mutation(
+        "loss-chunks-weighted-by-positions",
+        "the chunks of a loss that ignores labels are weighted by their positions, not by "
+        "their labelled positions (gradients wrong where prompts or padding are ignored)",
+        "autockpt/planner/runtime/chunked_loss.py",
+        '        if self.reduction == "mean":',
+        '        if self.reduction != "sum":',
+        ("tests/planner/test_loss_chunks.py",),
+    ),
+    Mutation(
+        "loss-chunks-probe-sees-few-targets",
+        "the loss probe tries the targets only at the first positions, so a loss that masks "
+        "padding by a rule of its own is chunked",
+        "autockpt/planner/measure/loss_positions.py",
+        "                for trial in given\n",
+        "                for trial in given[:1]\n",
+        ("tests/planner/test_loss_chunks.py",),
+    ),
+    Mutation(
+        "loss-chunks-not-run-by-training-step",
+        "training_step runs a plan's loss whole although the plan counted it in chunks",
+        "autockpt/planner/training_step.py",
+        "    if plan is None or plan.loss_chunks is None:",
+        "    if True:",
+        ("tests/planner/test_loss_chunks.py",),
+    ),
 )
 
 

@@ -170,6 +170,13 @@ def measured_step(
     return counter.peak_bytes, loss, gradients
 
 
+def assert_same_gradients(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    """The same parameters have gradients in both steps, and each is the same."""
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], msg=name)
+
+
 def profiled_peak_bytes(run: Callable[[], None]) -> int:
     """The most bytes ``run`` holds at once above what was allocated when it started, summed
     here from the profiler's memory events (the allocator's, so a compiled step's buffers,

@@ -212,6 +212,7 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
                 use_gradient_checkpointing=self.use_gradient_checkpointing,
                 allow_micro_batches=False,
                 allow_chunks=self.allow_chunks,
+                allow_loss_chunks=False,  # the model computes its loss on the whole logits
                 autocast_dtype=autocast_dtype,
                 tracing="forward-hooks",
                 gradients_live=args.gradient_accumulation_steps > 1,

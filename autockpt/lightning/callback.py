@@ -179,6 +179,7 @@ class MemoryPlan(pl.Callback):
             use_gradient_checkpointing=self.use_gradient_checkpointing,
             allow_micro_batches=False,
             allow_chunks=self.allow_chunks,
+            allow_loss_chunks=False,  # Lightning runs the loss on the whole output itself
             autocast_dtype=AUTOCAST_DTYPES.get(str(trainer.precision)),
             world_size=trainer.world_size,
             gradients_live=trainer.accumulate_grad_batches > 1,

@@ -8,9 +8,11 @@ from autockpt.errors import PlanMismatchError
 from autockpt.planner.core.decisions import SegmentAction
 from autockpt.planner.plan_types import Plan
 from autockpt.planner.runtime.compiled_backend import compile_in_place
+from autockpt.planner.runtime.head_cut import cut_before_head_module
 from autockpt.planner.runtime.planned_chain import apply_module_plan
 from autockpt.planner.runtime.planned_graph import planned_module
 from autockpt.planner.trace.fx_graph import COMPUTE_OPS, segments_from_node_lists, trace_graph
+from autockpt.planner.trace.output_head import cut_before_head, find_output_head
 
 
 def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
@@ -35,8 +37,10 @@ def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
     the planned module itself fire on every call. A plan of module-level segments
     (``plan.tracing == "forward-hooks"``) runs the model's own forward always: every hook fires.
 
-    Micro-batches are not part of the module: run steps with :func:`autockpt.training_step`,
-    which reads them from the plan.
+    Micro-batches and a loss in chunks of positions (``plan.loss_chunks``) are not part of the
+    module: run steps with :func:`autockpt.training_step`, which reads them from the plan.
+    Called directly while it trains, a plan with ``loss_chunks`` returns the model's output
+    whole (NOTE [Loss over positions in chunks]).
 
     Args:
         model: the model the plan was made for.
@@ -73,11 +77,39 @@ def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
     return planned
 
 
+def _submodule(model: torch.nn.Module, path: str) -> torch.nn.Module | None:
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        return None
+
+
 def _planned(model: torch.nn.Module, plan: Plan, actions: list[SegmentAction]) -> torch.nn.Module:
     if plan.tracing == "forward-hooks":
         # Module-level segments (NOTE [Module chain]): a shallow copy with checkpointed links.
-        return apply_module_plan(model, [segment.modules for segment in plan.segments], actions)
+        planned = apply_module_plan(model, [segment.modules for segment in plan.segments], actions)
+        if plan.loss_chunks is None:
+            return planned
+        head_path = plan.loss_chunks.head
+        if not isinstance(_submodule(model, head_path), torch.nn.Linear):
+            raise PlanMismatchError(
+                f"the plan runs {head_path} with the loss in chunks, but "
+                f"{type(model).__name__} has no nn.Linear there; re-plan for this model with "
+                "autockpt.plan"
+            )
+        # NOTE [Loss over positions in chunks]: the head left to training_step.
+        return cut_before_head_module(planned, head_path, returns_cut=False)
     graph = trace_graph(model)
+    if plan.loss_chunks is not None:
+        # NOTE [Loss over positions in chunks]: the graph ends before the head.
+        head = find_output_head(model, graph)
+        if isinstance(head, str) or head.path != plan.loss_chunks.head:
+            raise PlanMismatchError(
+                f"the plan runs {plan.loss_chunks.head} with the loss in chunks, but "
+                f"{type(model).__name__}'s output is not that layer's; re-plan for this model "
+                "with autockpt.plan"
+            )
+        graph = cut_before_head(graph, head)
     compute_names = [n.name for n in graph.nodes if n.op in COMPUTE_OPS]
     planned_names = [name for segment in plan.segments for name in segment.nodes]
     if planned_names != compute_names:
@@ -86,4 +118,4 @@ def _planned(model: torch.nn.Module, plan: Plan, actions: list[SegmentAction]) -
             f"{len(compute_names)} (or they differ); re-plan for this model with autockpt.plan"
         )
     segments = segments_from_node_lists(graph, [segment.nodes for segment in plan.segments])
-    return planned_module(model, graph, segments, actions)
+    return planned_module(model, graph, segments, actions, head_cut=plan.loss_chunks is not None)

@@ -27,6 +27,7 @@ from autockpt.planner.core.host_settings import cyclic_gc_paused, one_cpu_thread
 from autockpt.planner.core.step_budget import StepBudget
 from autockpt.planner.core.train_eval import training_mode
 from autockpt.planner.core.units import Budget, format_bytes, parse_budget
+from autockpt.planner.loss_chunks import plan_loss_in_chunks
 from autockpt.planner.measure.sharding import (
     RankShare,
     fsdp_unit_paths,
@@ -52,6 +53,7 @@ def plan(
     use_gradient_checkpointing: bool | None = None,
     allow_micro_batches: bool = True,
     allow_chunks: bool = True,
+    allow_loss_chunks: bool = True,
     verify: bool | None = None,
     autocast_dtype: torch.dtype | None = None,
     world_size: int = 1,
@@ -93,6 +95,10 @@ def plan(
             micro-batches keep gradients equal with dropout off; with dropout on each piece
             draws its own masks, so turn both off where bit-for-bit dropout equality with the
             unplanned model matters (plain recompute keeps it).
+        allow_loss_chunks: where no plan fits with the loss run whole, let the plan run the
+            model's last linear layer and ``loss_fn`` together in chunks of positions, each
+            recomputed in backward, when the loss adds up over positions (NOTE [Loss over
+            positions in chunks]); run such a plan's steps with :func:`training_step`.
         verify: run one real planned step and compare its peak with the prediction; if it
             is over the budget, plan again against a lower one, as NOTE [Planning again] in
             :mod:`autockpt.planner.verify` says. Default: on CUDA only (on the CPU the
@@ -157,6 +163,7 @@ def plan(
         use_gradient_checkpointing=use_gradient_checkpointing,
         allow_micro_batches=allow_micro_batches,
         allow_chunks=allow_chunks,
+        allow_loss_chunks=allow_loss_chunks,
         autocast_dtype=autocast_dtype,
         tracing=tracing,
         gradients_live=gradients_live,
@@ -286,9 +293,15 @@ def _plan_round(
         ):
             if budget.usable_bytes <= 0 and share.offset_bytes > 0:
                 raise InfeasibleBudgetError("", budget_bytes=budget.read.bytes, minimum_bytes=0)
-            result = plan_one_process(
-                model, example_inputs, budget, request, cpu_threads=cpu_threads
-            )
+            try:
+                result = plan_one_process(
+                    model, example_inputs, budget, request, cpu_threads=cpu_threads
+                )
+            except InfeasibleBudgetError as refused:
+                # NOTE [Loss over positions in chunks]: the step again, the loss in chunks.
+                result = plan_loss_in_chunks(
+                    model, example_inputs, budget, request, refused, cpu_threads=cpu_threads
+                )
     except InfeasibleBudgetError as error:
         if share.offset_bytes == 0:
             raise

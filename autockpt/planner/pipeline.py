@@ -107,6 +107,7 @@ class PlanRequest:
     use_gradient_checkpointing: bool | None
     allow_micro_batches: bool
     allow_chunks: bool
+    allow_loss_chunks: bool
     autocast_dtype: torch.dtype | None
     tracing: Tracing
     gradients_live: bool
@@ -121,15 +122,19 @@ def plan_one_process(
     request: PlanRequest,
     *,
     cpu_threads: int = 1,
+    traced: TracedModel | ModuleChain | None = None,
 ) -> Plan:
     """The plan of one process's step under ``budget`` (NOTE [Planning], in order), reported
-    as one rank's peak against the budget the user gave (NOTE [One budget])."""
+    as one rank's peak against the budget the user gave (NOTE [One budget]). ``traced``:
+    ``model`` already traced (its graph cut before the head, NOTE [Loss over positions in
+    chunks]); default: traced here."""
     device = request.device
     started = time.perf_counter()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # NOTE [Planning's own peak]
-    # warns on the fallback to module-level segments
-    traced = trace_or_find_modules(model, example_inputs, tracing=request.tracing)
+    if traced is None:
+        # warns on the fallback to module-level segments
+        traced = trace_or_find_modules(model, example_inputs, tracing=request.tracing)
     usable_bytes = budget.usable_bytes
     measurer = StepMeasurer(
         traced,

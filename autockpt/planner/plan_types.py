@@ -85,6 +85,23 @@ class SegmentPlan(BaseModel):
     step's graph, at the plan's ``compile_fraction``."""
 
 
+class LossChunks(BaseModel):
+    """The model's head and the loss run together in chunks of positions, each chunk's
+    scores recomputed in backward (NOTE [Loss over positions in chunks]); run by
+    :func:`autockpt.training_step`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    head: str
+    """The module path of the ``nn.Linear`` whose output is the model's output."""
+    num_chunks: int
+    """Chunks of positions."""
+    dim: int
+    """The positions' dimension of the head's input (and of the targets cut with it)."""
+    reduction: Literal["sum", "mean", "mean over labelled"]
+    """How the chunks' losses add up to the whole loss, as the probe found it."""
+
+
 class PeakBreakdown(BaseModel):
     """What the predicted peak is made of, in bytes."""
 
@@ -124,6 +141,8 @@ class Plan(BaseModel):
     batch_size: int
     num_micro_batches: int = 1
     """Pieces the batch is split into, with gradients accumulated (see ``training_step``)."""
+    loss_chunks: LossChunks | None = None
+    """The head and the loss in chunks of positions (see ``training_step``); None: whole."""
     segments: list[SegmentPlan]
     predicted_peak_bytes: int
     """Measured peak of the planned step on fake tensors, plus context and headroom."""

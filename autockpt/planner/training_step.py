@@ -9,7 +9,9 @@ from typing import Any, Literal
 import torch
 
 from autockpt.planner.core.batch_split import batch_size_of, piece_sizes, split_batch
+from autockpt.planner.loss_chunks import chunked_loss_of
 from autockpt.planner.plan_types import Plan
+from autockpt.planner.runtime.head_cut import features_before_head
 
 
 def training_step(
@@ -22,7 +24,9 @@ def training_step(
     loss_reduction: Literal["mean", "sum"] = "mean",
     no_sync: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> torch.Tensor:
-    """Forward and backward of one batch in ``plan.num_micro_batches`` pieces.
+    """Forward and backward of one batch in ``plan.num_micro_batches`` pieces, with the head
+    and the loss in chunks of positions where the plan says so (``plan.loss_chunks``, NOTE
+    [Loss over positions in chunks]).
 
     Every tensor of the inputs and targets that carries the batch (dim 0 the size of the
     largest dim 0, inside tuples, lists and dicts too) is split along dim 0 into the plan's
@@ -53,7 +57,7 @@ def training_step(
     """
     pieces = max(plan.num_micro_batches, 1) if plan is not None else 1
     if pieces == 1:
-        loss = loss_fn(model(*inputs), *targets)
+        loss = _loss(model, plan, inputs, targets, loss_fn)
         loss.backward()
         return loss.detach()
     # Every tensor that carries the batch is cut, in nests too (autockpt.planner.core.batch_split).
@@ -70,8 +74,25 @@ def training_step(
         weight = sizes[index] / batch if loss_reduction == "mean" else 1.0
         last = index == pieces - 1
         with nullcontext() if no_sync is None or last else no_sync():
-            loss = loss_fn(model(*piece_inputs), *piece_targets) * weight
+            loss = _loss(model, plan, piece_inputs, piece_targets, loss_fn) * weight
             loss.backward()
         total += float(loss.detach())
         del loss
     return torch.tensor(total, dtype=torch.float32)
+
+
+def _loss(
+    model: torch.nn.Module,
+    plan: Plan | None,
+    inputs: Sequence[Any],
+    targets: Sequence[Any],
+    loss_fn: Callable[..., torch.Tensor],
+) -> torch.Tensor:
+    """``loss_fn(model(*inputs), *targets)``; with ``plan.loss_chunks``, the model's head and
+    the loss in chunks of positions (NOTE [Loss over positions in chunks])."""
+    if plan is None or plan.loss_chunks is None:
+        return loss_fn(model(*inputs), *targets)
+    cut = features_before_head(model, inputs, plan.loss_chunks.head)
+    if cut is None:  # the model's own forward runs (a flag or an argument the graph froze)
+        return loss_fn(model(*inputs), *targets)
+    return chunked_loss_of(plan, loss_fn)(cut, *targets)

@@ -50,7 +50,7 @@ def build_module_planned(
     for segment, action in zip(segments, actions, strict=True):
         if not action.recompute and action.region_fraction is None and observer is None:
             continue
-        links = [_copied_path(copies, path) for path in segment.module_paths]
+        links = [copied_path(copies, path) for path in segment.module_paths]
         assert len(links) == 1 or action.num_chunks <= 1, "a span runs whole"
         # A region budget wraps one call in a graph of its own (NOTE [Per-region budgets]).
         assert len(links) == 1 or action.region_fraction is None, "a span is several calls"
@@ -144,7 +144,7 @@ def _stateful_modules(links: Sequence[torch.nn.Module]) -> list[torch.nn.Module]
     ]
 
 
-def _copied_path(copies: dict[str, torch.nn.Module], path: str) -> torch.nn.Module:
+def copied_path(copies: dict[str, torch.nn.Module], path: str) -> torch.nn.Module:
     """Shallow-copy each module from the root down to ``path`` (once each); the last copy.
 
     ``copies`` maps paths to the copies made so far and starts with the root's.

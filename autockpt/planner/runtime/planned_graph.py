@@ -64,6 +64,8 @@ class PlannedForward:
         actions: what to do with each segment.
         frozen_flags: module path -> the training flag the graph froze for it.
         model_forward: the model class's ``forward`` (called with ``root``).
+        head_cut: ``graph`` ends before the model's head, returning its input, weight and
+            bias (NOTE [Loss over positions in chunks]).
     """
 
     def __init__(
@@ -77,8 +79,10 @@ class PlannedForward:
         actions: Sequence[SegmentAction],
         frozen_flags: dict[str, bool],
         model_forward: Callable[..., Any],
+        head_cut: bool = False,
     ) -> None:
         self.root = root
+        self.head_cut = head_cut
         self.tables = tables
         self.root_attributes = root_attributes
         self.graph = graph
@@ -98,6 +102,23 @@ class PlannedForward:
         self.constants = specialized_arguments(graph)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._runs_graph(args, kwargs):
+            output = self.graph_module(*args, **kwargs)
+            # NOTE [Loss over positions in chunks]: called directly, the model's output.
+            return torch.nn.functional.linear(*output) if self.head_cut else output
+        return self.model_forward(self.root, *args, **kwargs)
+
+    def before_head(self, *args: Any, **kwargs: Any) -> tuple[Any, ...] | None:
+        """A plan that cuts the graph before the model's head: the head's input, weight and
+        bias, for :func:`autockpt.training_step` to run the head and the loss in chunks;
+        ``None`` when the step runs the model's own forward instead (see ``__call__``)."""
+        assert self.head_cut, "the plan runs the head with the model"
+        if self._runs_graph(args, kwargs):
+            return tuple(self.graph_module(*args, **kwargs))
+        return None
+
+    def _runs_graph(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether this call runs the planned graph (else the model's own forward)."""
         if self.root.training and torch.is_grad_enabled():
             changed = [
                 (path, flag)
@@ -110,12 +131,12 @@ class PlannedForward:
             elif differing is not None:
                 self._warn_argument(*differing)
             else:
-                return self.graph_module(*args, **kwargs)
+                return True
         elif torch.is_grad_enabled() and any(
             child.training for child in self.tables["_modules"].values() if child is not None
         ):
             self._warn_root_in_eval()
-        return self.model_forward(self.root, *args, **kwargs)
+        return False
 
     def __deepcopy__(self, memo: dict[int, Any]) -> PlannedForward:
         # The copied root may still be empty here (its state is being copied): everything
@@ -129,6 +150,7 @@ class PlannedForward:
             actions=self.actions,
             frozen_flags=self.frozen_flags,
             model_forward=self.model_forward,
+            head_cut=self.head_cut,
         )
 
     def _build(self) -> fx.GraphModule:
@@ -188,6 +210,8 @@ def planned_module(
     graph: fx.Graph,
     segments: Sequence[Segment],
     actions: Sequence[SegmentAction],
+    *,
+    head_cut: bool = False,
 ) -> torch.nn.Module:
     """The planned module of a traced plan (NOTE [The planned module]).
 
@@ -196,6 +220,8 @@ def planned_module(
         graph: from :func:`~autockpt.planner.trace.fx_graph.trace_graph`.
         segments: the plan's chain over ``graph``.
         actions: one per segment.
+        head_cut: ``graph`` ends before the model's head (NOTE [Loss over positions in
+            chunks]).
 
     Returns:
         A shallow copy of ``model`` whose ``forward`` is a :class:`PlannedForward`.
@@ -225,6 +251,7 @@ def planned_module(
         actions=actions,
         frozen_flags=frozen,
         model_forward=type(model).forward,
+        head_cut=head_cut,
     )
     return planned
 

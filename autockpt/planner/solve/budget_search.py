@@ -209,7 +209,7 @@ class BudgetSearch:
         if lowest is not None and self.measure_half is not None:
             measured = self.measure_half(lowest[0])
             half = outside(measured.peak_bytes) if measured is not None else None
-        return infeasible_error(
+        error = infeasible_error(
             budget=budget.read,
             minimum_bytes=minimum,
             # Parameters, their gradients and the optimizer state do not shrink with the batch.
@@ -220,6 +220,8 @@ class BudgetSearch:
             lowest=lowest,
             half_minimum_bytes=half,
         )
+        error.unplanned_bytes = outside(kept.peak_bytes)
+        return error
 
 
 def _key(decision: Decision) -> tuple[Any, ...]:

@@ -35,6 +35,7 @@ from autockpt.planner.trace.autograd_regions import (
 )
 from autockpt.planner.trace.cut_points import choose_cuts
 from autockpt.planner.trace.inplace_writes import WriteRecorder, keep_reason
+from autockpt.planner.trace.output_head import OutputHead, cut_before_head
 from autockpt.planner.trace.python_arguments import (
     keep_specialized_names,
     plain_python_defaults,
@@ -156,6 +157,7 @@ def trace_model(
     example_inputs: Sequence[torch.Tensor],
     *,
     target_num_segments: int = 24,
+    cut_before: OutputHead | None = None,
 ) -> TracedModel:
     """Trace ``model`` and cut its graph into a chain of segments (see NOTE [Cut points]).
 
@@ -164,6 +166,8 @@ def trace_model(
         example_inputs: positional inputs at the training batch size (only shapes are used:
             the sizes come from a run on fake tensors).
         target_num_segments: how finely to cut where cutting is cheap.
+        cut_before: the model's head: the graph ends before it, returning its input, weight
+            and bias (NOTE [Loss over positions in chunks]).
 
     Returns:
         The traced graph module and its segments.
@@ -173,6 +177,8 @@ def trace_model(
     """
     failed: dict[str, str] = {}
     graph = trace_graph(model, opaque=failed)
+    if cut_before is not None:
+        graph = cut_before_head(graph, cut_before)
     _check_constants_given(model, graph, example_inputs)
     called = {str(n.target) for n in graph.nodes if n.op == "call_module"}
     opaque = {path: reason for path, reason in failed.items() if path in called}

@@ -1,0 +1,158 @@
+"""The linear layer whose output is the model's output, and the graph cut just before it.
+
+NOTE [Loss over positions in chunks]
+A language model's last layer maps each position's features to a score for every word of its
+vocabulary. At one sequence of 2048 tokens and 32000 words the scores alone are 250 MiB; a
+cross-entropy over them keeps as many bytes again for backward (its log-probabilities) and makes
+two more of that size in backward (their gradient, then the scores'). With one sequence there
+is no batch to split, and recomputing the layers upstream leaves all of it: a Llama-style
+decoder of 4 layers of width 256 peaked at 1147 MiB and could not be planned under 974 MiB.
+
+Where the loss adds up one term per position (a mean or a sum over positions, ignored labels
+and label smoothing included), the head and the loss can run together in chunks of positions:
+each chunk's scores and loss are computed and dropped in forward, and computed again in
+backward when that chunk's gradient is needed (``torch.utils.checkpoint`` per chunk), so at
+most one chunk's scores exist at a time. The chunks' losses, each weighted by its share of the
+whole (:mod:`autockpt.planner.runtime.chunked_loss`), add up to the loss of the whole.
+
+Which heads: the model's output must be the output of one ``nn.Linear`` that nothing else in
+the forward reads (a causal language model returning its logits). The step is then planned as
+the model's graph cut before that layer, returning the layer's input with its weight and bias,
+and the loss as the head and the user's loss run in chunks. That the loss adds up over
+positions, and how (:class:`~autockpt.planner.measure.loss_positions.LossOverPositions`), is
+established by experiment, as batch separability is: a loss that shifts its labels by a
+position, or normalises over the whole sequence, is not chunked.
+
+It is a step-level action, like micro-batches: :func:`autockpt.training_step` runs it. The
+planned model called directly while it trains returns the whole scores (its output, as the
+model's), computed from the same cut graph; in eval it runs the model's own forward.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_map_only
+
+from autockpt.planner.core.fake_copies import fake_copy
+from autockpt.planner.core.output_structure import RebuildingCodeGen
+from autockpt.planner.core.train_eval import training_mode
+
+
+@dataclass(frozen=True)
+class OutputHead:
+    """The ``nn.Linear`` whose output is the model's output.
+
+    Attributes:
+        node: its node in the traced graph ("" when found by running the model).
+        path: its module path (``"lm_head"``).
+        input_node: the node of the features it maps (the head's input; "" when found by
+            running the model).
+        logits_features: its ``out_features`` (the vocabulary of a language model).
+        has_bias: whether it adds a bias.
+    """
+
+    node: str
+    path: str
+    input_node: str
+    logits_features: int
+    has_bias: bool
+
+
+def find_output_head(model: torch.nn.Module, graph: fx.Graph) -> OutputHead | str:
+    """The head of ``model`` (traced into ``graph``), or why it has none that chunks can take."""
+    if isinstance(graph._codegen, RebuildingCodeGen):
+        return "its output is not one tensor"
+    output = next(node for node in graph.nodes if node.op == "output")
+    last = output.args[0]
+    if not isinstance(last, fx.Node) or last.op != "call_module":
+        return "its output is not the output of a submodule"
+    module = model.get_submodule(str(last.target))
+    if type(module) is not torch.nn.Linear:
+        return f"its output comes from {type(module).__name__}, not from an nn.Linear"
+    if len(last.users) != 1 or len(last.args) != 1 or last.kwargs:
+        return f"the output of {last.target} is read inside the forward too"
+    features = last.args[0]
+    if not isinstance(features, fx.Node):
+        return f"{last.target} maps a constant"
+    return OutputHead(
+        node=last.name,
+        path=str(last.target),
+        input_node=features.name,
+        logits_features=module.out_features,
+        has_bias=module.bias is not None,
+    )
+
+
+def find_head_by_running(model: torch.nn.Module, example_inputs: Sequence[Any]) -> OutputHead | str:
+    """The head of a model torch.fx does not trace, found by one forward on fake tensors: the
+    ``nn.Linear`` whose output tensor is the model's output, called last and not written after;
+    or why there is none."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    copied = fake_copy(model, mode)
+    outputs: dict[str, tuple[torch.Tensor, int]] = {}
+    order: list[str] = []
+
+    def record(path: str) -> Any:
+        def hook(_: torch.nn.Module, __: Any, output: Any) -> None:
+            order.append(path)
+            if isinstance(output, torch.Tensor):
+                outputs[path] = (output, output._version)
+
+        return hook
+
+    handles = [
+        module.register_forward_hook(record(path))
+        for path, module in copied.named_modules()
+        if path
+    ]
+    try:
+        with mode, torch.no_grad(), training_mode(copied):
+            inputs = tree_map_only(torch.Tensor, mode.from_tensor, list(example_inputs))
+            output = copied(*inputs)
+    except Exception as error:  # a forward that needs real values: no head found this way
+        return f"its forward does not run on fake tensors ({type(error).__name__})"
+    finally:
+        for handle in handles:
+            handle.remove()
+    found = [path for path, (tensor, _) in outputs.items() if tensor is output]
+    if not isinstance(output, torch.Tensor) or not found:
+        return "its output is not one tensor made by a submodule"
+    path = found[-1]
+    module = model.get_submodule(path)
+    if type(module) is not torch.nn.Linear:
+        return f"its output comes from {type(module).__name__}, not from an nn.Linear"
+    # Calls finish inner first: after the head, only the modules it sits in may finish.
+    after = order[len(order) - order[::-1].index(path) :]
+    if any(not path.startswith(f"{other}.") for other in after):
+        return f"submodules run after {path}"
+    if outputs[path][1] != output._version:
+        return f"the output of {path} is written after it"
+    return OutputHead(
+        node="",
+        path=path,
+        input_node="",
+        logits_features=module.out_features,
+        has_bias=module.bias is not None,
+    )
+
+
+def cut_before_head(graph: fx.Graph, head: OutputHead) -> fx.Graph:
+    """A copy of ``graph`` without ``head``'s node, returning ``(features, weight, bias)``:
+    the head's input and its parameters (``bias`` None when it has none)."""
+    cut = copy.deepcopy(graph)
+    nodes = {node.name: node for node in cut.nodes}
+    output = next(node for node in cut.nodes if node.op == "output")
+    with cut.inserting_before(output):
+        weight = cut.get_attr(f"{head.path}.weight")
+        bias = cut.get_attr(f"{head.path}.bias") if head.has_bias else None
+    output.args = ((nodes[head.input_node], weight, bias),)
+    cut.erase_node(nodes[head.node])
+    cut.lint()
+    return cut
