@@ -154,7 +154,7 @@ def _print_summary(console: Console, plan: Plan, *, budget_given: bool) -> None:
     if (chunks := plan.loss_chunks) is not None:
         console.print(
             f"loss chunks:   {chunks.head} and the loss in {chunks.num_chunks} chunks of "
-            f"positions (dim {chunks.dim}, {chunks.reduction}), each recomputed in backward"
+            f"positions (dim {chunks.dim}, {chunks.reduction}), each chunk's gradients taken in forward"
         )
     for note in plan.notes:
         console.print(f"note:          {note}")

@@ -728,6 +728,23 @@ MUTATIONS = (
         ("tests/hf/test_trainer_callback.py",),
     ),
     Mutation(
+        "cache-not-put-back-for-recompute",
+        "a link that writes the cache it is given recomputes with the cache as backward finds "
+        "it (every layer's keys in it), not as its forward did",
+        "autockpt/planner/runtime/held_state.py",
+        "        before.put_back()\n",
+        "        pass\n",
+        ("tests/planner/trace/test_python_state.py",),
+    ),
+    Mutation(
+        "cache-left-as-recompute-wrote-it",
+        "after a recompute the cache holds what the recompute wrote, not what forward left",
+        "autockpt/planner/runtime/held_state.py",
+        "            now.put_back()\n",
+        "            pass\n",
+        ("tests/planner/trace/test_python_state.py",),
+    ),
+    Mutation(
         "loss-chunks-weighted-by-positions",
         "the chunks of a loss that ignores labels are weighted by their positions, not by "
         "their labelled positions (gradients wrong where prompts or padding are ignored)",
@@ -741,8 +758,8 @@ MUTATIONS = (
         "the loss probe tries the targets only at the first positions, so a loss that masks "
         "padding by a rule of its own is chunked",
         "autockpt/planner/measure/loss_positions.py",
-        "                for trial in given\n",
-        "                for trial in given[:1]\n",
+        "    trials = [*planted, *given] if labelled else given\n",
+        "    trials = [planted[0], given[0]] if labelled else given[:1]\n",
         ("tests/planner/test_loss_chunks.py",),
     ),
     Mutation(

@@ -27,7 +27,7 @@ from autockpt.planner.core.host_settings import cyclic_gc_paused, one_cpu_thread
 from autockpt.planner.core.step_budget import StepBudget
 from autockpt.planner.core.train_eval import training_mode
 from autockpt.planner.core.units import Budget, format_bytes, parse_budget
-from autockpt.planner.loss_chunks import plan_loss_in_chunks
+from autockpt.planner.loss_chunks import plan_step
 from autockpt.planner.measure.sharding import (
     RankShare,
     fsdp_unit_paths,
@@ -35,7 +35,7 @@ from autockpt.planner.measure.sharding import (
     rank_share,
 )
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
-from autockpt.planner.pipeline import PlanRequest, plan_one_process
+from autockpt.planner.pipeline import PlanRequest
 from autockpt.planner.plan_types import Plan
 from autockpt.planner.trace.module_chain import Tracing
 from autockpt.planner.verify import REPLANNING, verify_plan
@@ -96,8 +96,8 @@ def plan(
             draws its own masks, so turn both off where bit-for-bit dropout equality with the
             unplanned model matters (plain recompute keeps it).
         allow_loss_chunks: where no plan fits with the loss run whole, let the plan run the
-            model's last linear layer and ``loss_fn`` together in chunks of positions, each
-            recomputed in backward, when the loss adds up over positions (NOTE [Loss over
+            model's last linear layer and ``loss_fn`` together in chunks of positions (the
+            whole logits never exist), when the loss adds up over positions (NOTE [Loss over
             positions in chunks]); run such a plan's steps with :func:`training_step`.
         verify: run one real planned step and compare its peak with the prediction; if it
             is over the budget, plan again against a lower one, as NOTE [Planning again] in
@@ -293,15 +293,8 @@ def _plan_round(
         ):
             if budget.usable_bytes <= 0 and share.offset_bytes > 0:
                 raise InfeasibleBudgetError("", budget_bytes=budget.read.bytes, minimum_bytes=0)
-            try:
-                result = plan_one_process(
-                    model, example_inputs, budget, request, cpu_threads=cpu_threads
-                )
-            except InfeasibleBudgetError as refused:
-                # NOTE [Loss over positions in chunks]: the step again, the loss in chunks.
-                result = plan_loss_in_chunks(
-                    model, example_inputs, budget, request, refused, cpu_threads=cpu_threads
-                )
+            # NOTE [Loss over positions in chunks]: the loss whole, and in chunks.
+            result = plan_step(model, example_inputs, budget, request, cpu_threads=cpu_threads)
     except InfeasibleBudgetError as error:
         if share.offset_bytes == 0:
             raise

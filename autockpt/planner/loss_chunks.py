@@ -1,15 +1,17 @@
-"""Planning the step again with the head and the loss in chunks of positions, when the plain
-loss leaves no plan under the budget (NOTE [Loss over positions in chunks] in
-:mod:`autockpt.planner.trace.output_head`).
+"""Planning the step with the loss run whole, and again with the head and the loss in chunks of
+positions (NOTE [Loss over positions in chunks] in :mod:`autockpt.planner.trace.output_head`).
 
 The search over recompute, chunks and micro-batches (:mod:`autockpt.planner.pipeline`) runs
-first, as it always did. Only when it refuses the budget, and the model's output is a linear
-head whose loss adds up over positions, is the step planned a second time: the graph cut before
-the head, and the head with the loss as the loss, in chunks of positions. The same search then
+first, as it always did. Where it refuses the budget, or fits it only by recomputing or
+splitting something, and the model's output is a linear head whose scores are at least
+``SCORES_SHARE`` of the plain peak and whose loss adds up over positions, the step is planned a
+second time: the graph (or the model) cut before the head, and the head with the loss as the
+loss, in chunks of positions; the plan that adds less time is the plan. The same search then
 chooses the rest of the plan under the same budget, measured on fake tensors with the chunks in
-it, so the chunks' bytes are counted, not assumed. What the chunks add to a step (the head and
-the loss run once more, in backward) is priced by the time model from the head's FLOPs and
-bytes; the plan reports the plain model's peak and step as its unplanned ones.
+it, so the chunks' bytes are counted, not assumed. What the chunks add to a step (each reads and
+writes the weight's gradient once more; the scores are computed once, NOTE [Gradients in
+forward]) is priced by the time model; the plan reports the plain model's peak and step as its
+unplanned ones.
 """
 
 from __future__ import annotations
@@ -41,61 +43,115 @@ from autockpt.planner.trace.output_head import (
     find_output_head,
 )
 
-#: The most bytes of scores one chunk makes: chunks of this size keep the loss well below the
-#: rest of a step, and each is still one large matrix product.
+#: The most bytes of scores one chunk makes, and the fewest chunks: chunks of this size keep
+#: the loss well below the rest of a step, and each is still one large matrix product.
 CHUNK_SCORES_BYTES = 8 * 2**20
+MIN_LOSS_CHUNKS = 16
+#: The least share of the plain step's peak the head's scores take for the step to be planned
+#: with them in chunks too: below it chunks could not change the plan, and planning twice
+#: would only cost time.
+SCORES_SHARE = 0.1
 
 
-def plan_loss_in_chunks(
+def plan_step(
     model: torch.nn.Module,
     example_inputs: Sequence[torch.Tensor],
     budget: StepBudget,
     request: PlanRequest,
-    refused: InfeasibleBudgetError,
     *,
     cpu_threads: int,
 ) -> Plan:
-    """The plan with the head and the loss in chunks of positions, after the plan without
-    them refused ``budget`` with ``refused``.
+    """The plan of one process's step: with the loss run whole, and, where the model's head
+    makes at least ``SCORES_SHARE`` of its plain peak and that plan recomputes, chunks or
+    splits something (or fits nothing), also with the head and the loss in chunks of
+    positions; the one that adds less time (NOTE [Loss over positions in chunks]).
 
     Raises:
-        InfeasibleBudgetError: ``refused``, where chunks of positions do not apply, or the
-            refusal with the lower minimum where they do not fit either.
+        InfeasibleBudgetError: neither fits; the refusal with the lower minimum.
+    """
+    try:
+        whole = plan_one_process(model, example_inputs, budget, request, cpu_threads=cpu_threads)
+    except InfeasibleBudgetError as refused:
+        try:
+            chunked = _chunked_plan(
+                model, example_inputs, budget, request, refused.unplanned_bytes, cpu_threads
+            )
+        except InfeasibleBudgetError as error:
+            raise min(refused, error, key=lambda e: e.minimum_bytes) from None
+        if chunked is None:
+            raise
+        return chunked
+    plain = whole.num_micro_batches == 1 and not any(
+        segment.recomputed for segment in whole.segments
+    )
+    if plain:
+        return whole
+    try:
+        chunked = _chunked_plan(
+            model, example_inputs, budget, request, whole.unplanned_peak_bytes, cpu_threads
+        )
+    except InfeasibleBudgetError:
+        return whole
+    if chunked is None or chunked.predicted_extra_s >= whole.predicted_extra_s:
+        return whole
+    note = (
+        f"with the loss run whole the plan adds about {whole.predicted_extra_s * 1e3:.0f} ms "
+        f"a step ({whole.num_recomputed} of {len(whole.segments)} segments recomputed)"
+    )
+    return chunked.model_copy(update={"notes": [*chunked.notes, note]})
+
+
+def _chunked_plan(
+    model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    budget: StepBudget,
+    request: PlanRequest,
+    unplanned_bytes: int,
+    cpu_threads: int,
+) -> Plan | None:
+    """The plan with the head and the loss in chunks of positions; None where the model has
+    no head whose loss adds up over positions, or its scores are a small part of the plain
+    peak ``unplanned_bytes``.
+
+    Raises:
+        InfeasibleBudgetError: no plan fits with them either.
     """
     if not request.allow_loss_chunks or request.loss_fn is None:
-        raise refused
+        return None
     cut = _cut_step(model, example_inputs, request.tracing)
     if cut is None:
-        raise refused
+        return None
     head, cut_model, traced = cut
     features_shape = _features_shape(cut_model, example_inputs)
     module = model.get_submodule(head.path)
     assert isinstance(module, torch.nn.Linear)
+    scores_bytes = (
+        math.prod(features_shape[:-1]) * head.logits_features * _itemsize(module, request)
+    )
+    if scores_bytes < SCORES_SHARE * unplanned_bytes:
+        return None
     positions = loss_over_positions(
         module, features_shape, request.example_targets, request.loss_fn
     )
     if isinstance(positions, str):
-        raise refused
-    scores_bytes = (
-        math.prod(features_shape[:-1]) * head.logits_features * _itemsize(module, request)
+        return None
+    num_chunks = min(
+        features_shape[positions.dim],
+        max(MIN_LOSS_CHUNKS, -(-scores_bytes // CHUNK_SCORES_BYTES)),
     )
-    num_chunks = min(features_shape[positions.dim], max(2, -(-scores_bytes // CHUNK_SCORES_BYTES)))
     chunked = ChunkedLoss(request.loss_fn, num_chunks, positions)
-    try:
-        result = plan_one_process(
-            cut_model,
-            example_inputs,
-            budget,
-            dataclasses.replace(
-                request,
-                loss_fn=chunked,
-                tracing="fx" if isinstance(traced, TracedModel) else "forward-hooks",
-            ),
-            cpu_threads=cpu_threads,
-            traced=traced,
-        )
-    except InfeasibleBudgetError as error:
-        raise min(refused, error, key=lambda e: e.minimum_bytes) from None
+    result = plan_one_process(
+        cut_model,
+        example_inputs,
+        budget,
+        dataclasses.replace(
+            request,
+            loss_fn=chunked,
+            tracing="fx" if isinstance(traced, TracedModel) else "forward-hooks",
+        ),
+        cpu_threads=cpu_threads,
+        traced=traced,
+    )
     held = result.breakdown
     room_bytes = budget.usable_bytes - held.parameters_bytes - held.optimizer_state_bytes
     time_model = calibrate(  # the room plan_one_process calibrated in (NOTE [Time model])
@@ -103,18 +159,18 @@ def plan_loss_in_chunks(
         request.device.index,
         max_bytes=max((room_bytes - held.inputs_bytes) // 2, 0),
     )
-    extra_s = _recompute_s(time_model, features_shape, head, scores_bytes, num_chunks)
+    extra_s = _chunks_s(time_model, features_shape, head, num_chunks)
     note = (
         f"the head {head.path} and the loss run in {num_chunks} chunks of positions "
         f"({format_bytes(scores_bytes / num_chunks)} of scores each, {positions.reduction}), "
-        f"each recomputed in backward: the whole {format_bytes(scores_bytes)} of scores never "
-        f"exist; about {extra_s * 1e3:.1f} ms a step, estimated from the head's FLOPs; run "
-        "steps with autockpt.training_step"
+        f"each chunk's gradients taken in forward: the whole {format_bytes(scores_bytes)} of "
+        f"scores never exist; about {extra_s * 1e3:.1f} ms a step, estimated (NOTE [Time "
+        "model]); run steps with autockpt.training_step"
     )
     return result.model_copy(
         update={
             "loss_chunks": _loss_chunks(head, num_chunks, positions),
-            "unplanned_peak_bytes": refused.unplanned_bytes or result.unplanned_peak_bytes,
+            "unplanned_peak_bytes": unplanned_bytes or result.unplanned_peak_bytes,
             "unplanned_step_s": max(result.unplanned_step_s - extra_s, 0.0),
             "predicted_extra_s": result.predicted_extra_s + extra_s,
             "notes": [note, *result.notes],
@@ -178,19 +234,16 @@ def _itemsize(head: torch.nn.Linear, request: PlanRequest) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _recompute_s(
-    time_model: TimeModel,
-    features_shape: Sequence[int],
-    head: OutputHead,
-    scores_bytes: int,
-    num_chunks: int,
+def _chunks_s(
+    time_model: TimeModel, features_shape: Sequence[int], head: OutputHead, num_chunks: int
 ) -> float:
-    """Seconds the head and the loss take once more in backward, by the time model
-    (NOTE [Time model]): the head's matrix product, and the loss reading and writing the
-    scores a few times over."""
-    rows = math.prod(features_shape[:-1])
-    flops = 2.0 * rows * features_shape[-1] * head.logits_features
-    return time_model.seconds(flops=flops, moved_bytes=4.0 * scores_bytes, num_ops=8.0 * num_chunks)
+    """Seconds the chunks add to a step, by the time model (NOTE [Time model]): the scores are
+    computed once either way (NOTE [Gradients in forward]), but each chunk reads and writes the
+    weight's gradient buffer once more, and runs its few ops."""
+    weight_bytes = 4.0 * features_shape[-1] * head.logits_features
+    return time_model.seconds(
+        flops=0.0, moved_bytes=2.0 * weight_bytes * num_chunks, num_ops=10.0 * num_chunks
+    )
 
 
 def chunked_loss_of(plan: Plan, loss_fn: object) -> ChunkedLoss:

@@ -87,7 +87,7 @@ class SegmentPlan(BaseModel):
 
 class LossChunks(BaseModel):
     """The model's head and the loss run together in chunks of positions, each chunk's
-    scores recomputed in backward (NOTE [Loss over positions in chunks]); run by
+    gradients taken in forward (NOTE [Loss over positions in chunks]); run by
     :func:`autockpt.training_step`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -166,3 +166,35 @@ def test_language_models_plan_at_half_their_peak_and_keep_their_gradients(make, 
     inputs = (torch.randint(0, VOCAB, (16, 64)),)
     labels = (torch.randint(0, VOCAB, (16, 64)),)
     _holds_at_half_its_peak(model, inputs, labels, tracing)
+
+
+def test_a_llama_decoder_at_one_sequence_plans_below_its_loss_with_its_cache_kept():
+    """One sequence, a vocabulary-sized head, ``use_cache=True``: the loss in chunks of
+    positions and the layers that write the cache recomputed (NOTE [Loss over positions in
+    chunks], NOTE [Python state written in forward])."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=4000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=512,
+    )  # fmt: skip
+    model = CausalOrMaskedLM(transformers.LlamaForCausalLM(config), use_cache=True).train()
+    inputs = (torch.randint(0, 4000, (1, 512)),)
+    labels = torch.randint(0, 4000, (1, 512))
+    labels[0, :100] = -100
+    options = dict(loss_fn=_loss, example_targets=(labels,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(autockpt.InfeasibleBudgetError) as whole:
+            autockpt.plan(model, inputs, 1, allow_loss_chunks=False, **options)
+        with pytest.raises(autockpt.InfeasibleBudgetError) as chunked:
+            autockpt.plan(model, inputs, 1, **options)
+        budget = (whole.value.minimum_bytes + chunked.value.minimum_bytes) // 2
+        plan = autockpt.plan(model, inputs, budget, **options)
+    assert plan.loss_chunks is not None
+    assert chunked.value.minimum_bytes < 0.6 * whole.value.minimum_bytes
+    counted = dict(loss_fn=_loss, targets=(labels,), loss_reduction="mean")
+    peak, loss, got = measured_step(model, inputs, plan, **counted)
+    assert peak <= budget
+    _, want_loss, want = measured_step(model, inputs, **counted)
+    torch.testing.assert_close(loss, want_loss)
+    assert_same_gradients(got, want)

@@ -18,7 +18,12 @@ import autockpt
 from autockpt.errors import InfeasibleBudgetError, PlanMismatchError
 from autockpt.plan_report import print_plan
 from autockpt.planner.measure.loss_positions import loss_over_positions
-from autockpt.planner.runtime.chunked_loss import IGNORE_INDEX, LossOverPositions, chunk_spans
+from autockpt.planner.runtime.chunked_loss import (
+    IGNORE_INDEX,
+    ChunkedLoss,
+    LossOverPositions,
+    chunk_spans,
+)
 from tests.oracle import assert_same_gradients, measured_step
 
 VOCAB, WIDTH, TOKENS, BATCH = 6000, 32, 512, 2
@@ -198,3 +203,23 @@ def test_the_probe_reads_a_classifier_head_over_its_samples():
     head = nn.Linear(WIDTH, 10)
     found = loss_over_positions(head, (8, WIDTH), [torch.randint(0, 10, (8,))], F.cross_entropy)
     assert found == LossOverPositions(0, "mean over labelled")
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.25], ids=["loss", "loss-scaled"])
+def test_chunked_loss_gives_the_whole_loss_and_its_gradients(scale):
+    # A head with a bias, three samples, ignored labels: every gradient as the whole loss's,
+    # whatever the caller multiplies the loss by (a micro-batch's weight).
+    torch.manual_seed(0)
+    head = nn.Linear(WIDTH, 50)
+    features = torch.randn(3, 40, WIDTH, requires_grad=True)
+    labels = torch.randint(0, 50, (3, 40))
+    labels[0, :25] = IGNORE_INDEX
+    loss_fn = lambda o, y: F.cross_entropy(o.flatten(0, 1), y.flatten(), label_smoothing=0.1)  # noqa: E731
+    want_loss = loss_fn(head(features), labels)
+    want = torch.autograd.grad(want_loss * scale, [features, head.weight, head.bias])
+    chunked = ChunkedLoss(loss_fn, 6, LossOverPositions(1, "mean over labelled"))
+    loss = chunked((features, head.weight, head.bias), labels)
+    got = torch.autograd.grad(loss * scale, [features, head.weight, head.bias])
+    torch.testing.assert_close(loss, want_loss)
+    for name, a, b in zip(("features", "weight", "bias"), got, want, strict=True):
+        torch.testing.assert_close(a, b, msg=name)

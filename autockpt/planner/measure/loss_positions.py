@@ -56,22 +56,20 @@ def loss_over_positions(
     last = positions - PROBE_POSITIONS
     windows = sorted({min(start, last) for start in (0, positions // 3, 2 * positions // 3, last)})
     given = [probe.piece(targets, features_shape, start, PROBE_POSITIONS) for start in windows]
-    planted = [_with_one_ignored(t, dim) if probe.carries_positions(t, shape) else t
-               for t in given[0]]  # fmt: skip
-    labelled = any(p is not g for p, g in zip(planted, given[0], strict=True))
+    planted = [
+        [_with_one_ignored(t, dim) if probe.carries_positions(t, shape) else t for t in trial]
+        for trial in given
+    ]
+    labelled = any(p is not g for p, g in zip(planted[0], given[0], strict=True))
+    trials = [*planted, *given] if labelled else given
     with torch.no_grad():
         try:
             ways = [
                 way
                 for way in (_WAYS if labelled else _WAYS[1:])
-                if _adds_up(LossOverPositions(dim, way), head, features, planted, loss_fn)
-            ]
-            ways = [
-                way
-                for way in ways
                 if all(
                     _adds_up(LossOverPositions(dim, way), head, features, trial, loss_fn)
-                    for trial in given
+                    for trial in trials
                 )
             ]
         except _NotOneNumber:
@@ -113,7 +111,8 @@ def _adds_up(
     ]
     shares = rule.shares(targets, shape, _CHUNKS)
     total = sum(share * part for share, part in zip(shares, parts, strict=True) if share)
-    return bool(torch.allclose(torch.as_tensor(total), whole, rtol=1e-4, atol=1e-6))
+    # A window whose labels are all ignored has no loss (NaN) whole and in chunks alike.
+    return bool(torch.allclose(torch.as_tensor(total), whole, rtol=1e-4, atol=1e-6, equal_nan=True))
 
 
 def _with_one_ignored(target: torch.Tensor, dim: int) -> torch.Tensor:

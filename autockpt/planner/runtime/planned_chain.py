@@ -19,6 +19,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 from autockpt.errors import PlanMismatchError
 from autockpt.planner.core.decisions import SegmentAction
 from autockpt.planner.runtime.chain_spans import Span
+from autockpt.planner.runtime.held_state import with_state_put_back
 from autockpt.planner.runtime.segment_runners import SegmentObserver, SegmentRunner
 from autockpt.planner.trace.fx_graph import Segment
 from autockpt.planner.trace.module_chain import module_segments
@@ -116,9 +117,9 @@ class _LinkForward:
         output_spec: list[TreeSpec] = []
 
         def run(*flat: Any) -> Any:
-            # A kept link runs on its own arguments: rebuilt ones would take a write to a list
-            # or cache it is given away from the caller (NOTE [Python state written in
-            # forward]); such a link is never recomputed.
+            # A kept link runs on its own arguments: rebuilt lists and dicts would take a
+            # write to them away from the caller (NOTE [Python state written in forward]);
+            # such a link is never recomputed. Other objects (a Cache) are the caller's.
             positional, keywords = (
                 tree_unflatten(list(flat), spec) if self.action.recompute else (args, kwargs)
             )
@@ -131,6 +132,8 @@ class _LinkForward:
             return tuple(output_leaves)
 
         action = self.action if chunked else dataclasses.replace(self.action, num_chunks=1)
+        if action.recompute:
+            run = with_state_put_back(run, (*args, *kwargs.values()))
         runner = SegmentRunner(self.index, run, action, self.stateful_modules, self.observer)
         output = runner(*leaves)
         return tree_unflatten(list(output), output_spec[0]) if chunked else output

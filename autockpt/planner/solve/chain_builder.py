@@ -142,7 +142,12 @@ class ChainBuilder:
             cost = self.costs.recompute_s(index, index + 1, selective=True)
             cost_s = self.pricing.cost_s(cost, num_micro_batches, index, SELECTIVE)
             segment_options.append(option_at(SELECTIVE, s_terms, index, cost_s))
-        if isinstance(self.traced, ModuleChain) and recomputable and r_terms is not None:
+        if (
+            isinstance(self.traced, ModuleChain)
+            and recomputable
+            and not segment.state_note  # each chunk would write the object again
+            and r_terms is not None
+        ):
             # A link runs in chunks on its own (NOTE [Module chain]), never in a span.
             segment_options += self._chunk_options(
                 index,

@@ -69,6 +69,9 @@ class Segment:
         output_names: nodes inside it whose values are read after it.
         keep_reason: why it must never be recomputed (NOTE [In-place writes] in
             :mod:`autockpt.planner.trace.inplace_writes`); empty when it may be.
+        state_note: a module-level segment that writes to a Python object it is given (a
+            Hugging Face ``Cache``): recomputed whole with that object as forward found it,
+            never in chunks or in a span (NOTE [Python state written in forward]); "" else.
     """
 
     index: int
@@ -78,6 +81,7 @@ class Segment:
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
     keep_reason: str = ""
+    state_note: str = ""
 
 
 @dataclass(frozen=True)

@@ -218,7 +218,11 @@ def find_module_chain(
             "make the forward traceable by torch.fx or move its work into submodules"
         )
     reasons = [calls[i].keep_reason for i in links]
-    segments = module_segments([[calls[i].path] for i in links], keep_reasons=reasons)
+    segments = module_segments(
+        [[calls[i].path] for i in links],
+        keep_reasons=reasons,
+        state_notes=[calls[i].state_note for i in links],
+    )
     regions = _choose_spans([calls[i] for i in links])
     region_segments = module_segments(
         [[calls[i].path for i in links[first:end]] for first, end in regions],
@@ -239,11 +243,15 @@ def find_module_chain(
 
 
 def module_segments(
-    groups: Sequence[Sequence[str]], *, keep_reasons: Sequence[str] = ()
+    groups: Sequence[Sequence[str]],
+    *,
+    keep_reasons: Sequence[str] = (),
+    state_notes: Sequence[str] = (),
 ) -> tuple[Segment, ...]:
     """One segment per group of module paths (a link, or a span of links), in order, with its
-    ``keep_reason`` if given; no fx nodes."""
+    ``keep_reason`` and ``state_note`` if given; no fx nodes."""
     reasons = list(keep_reasons) or [""] * len(groups)
+    notes = list(state_notes) or [""] * len(groups)
     return tuple(
         Segment(
             index=index,
@@ -253,8 +261,9 @@ def module_segments(
             input_names=(),
             output_names=(),
             keep_reason=reason,
+            state_note=note,
         )
-        for index, (group, reason) in enumerate(zip(groups, reasons, strict=True))
+        for index, (group, reason, note) in enumerate(zip(groups, reasons, notes, strict=True))
     )
 
 
@@ -271,6 +280,8 @@ class _Call:
         inputs: weak references to the storages of its tensor arguments.
         keep_reason: why it must not be recomputed (NOTE [In-place writes], NOTE [Python
             state written in forward]), or "".
+        state_note: what object it writes that a recompute must see as forward did (NOTE
+            [Python state written in forward]), or "".
         input_bytes: bytes of the storages its tensor arguments use (what recomputing from
             it keeps).
     """
@@ -283,6 +294,7 @@ class _Call:
     is_link: bool = True
     inputs: list[weakref.ref[torch.UntypedStorage]] = field(default_factory=list)
     keep_reason: str = ""
+    state_note: str = ""
     input_bytes: int = 0
     python_state: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)
 
@@ -320,11 +332,15 @@ class _CallRecorder:
         call.end_bytes = self.tracker.current_bytes
         # NOTE [Python state written in forward]
         for value, before in call.python_state:
-            if not call.keep_reason and state_of(value) != before:
-                call.keep_reason = (
-                    f"{call.path or 'it'} writes to the {type(value).__name__} it is given "
-                    "(Python state such as a cache: a recompute would write it again)"
-                )
+            if call.keep_reason or call.state_note or state_of(value) == before:
+                continue
+            written = f"{call.path or 'it'} writes to the {type(value).__name__} it is given"
+            if isinstance(value, (list, dict)):
+                # The runner rebuilds lists and dicts it passes (pytree containers): a
+                # recompute's write would not reach the caller's.
+                call.keep_reason = f"{written} (a recompute would write another one)"
+            else:
+                call.state_note = f"{written}: recomputed with it as forward found it"
         call.python_state = []
 
     def written(self, op: str, storage: torch.UntypedStorage) -> None:
@@ -423,7 +439,7 @@ def _choose_spans(links: Sequence[_Call]) -> tuple[tuple[int, int], ...]:
     weights = np.array([float(c.held_bytes) for c in links])
     cuts = set(RunCosts(weights, crossing, count).choose(SEGMENT_CROSSING_WEIGHT, range(count + 1)))
     for position, link in enumerate(links):
-        if link.keep_reason:
+        if link.keep_reason or link.state_note:  # a span puts back no Python state
             cuts |= {position, position + 1}
     ordered = sorted(cuts)
     return tuple(zip(ordered, ordered[1:], strict=False))

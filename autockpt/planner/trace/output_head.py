@@ -6,19 +6,24 @@ vocabulary. At one sequence of 2048 tokens and 32000 words the scores alone are 
 cross-entropy over them keeps as many bytes again for backward (its log-probabilities) and makes
 two more of that size in backward (their gradient, then the scores'). With one sequence there
 is no batch to split, and recomputing the layers upstream leaves all of it: a Llama-style
-decoder of 4 layers of width 256 peaked at 1147 MiB and could not be planned under 974 MiB.
+decoder of 4 layers of width 256 peaked at 1147 MiB and could not be planned under 974 MiB
+(with the loss in chunks and its layers recomputed, 361 MiB).
 
 Where the loss adds up one term per position (a mean or a sum over positions, ignored labels
 and label smoothing included), the head and the loss can run together in chunks of positions:
-each chunk's scores and loss are computed and dropped in forward, and computed again in
-backward when that chunk's gradient is needed (``torch.utils.checkpoint`` per chunk), so at
-most one chunk's scores exist at a time. The chunks' losses, each weighted by its share of the
-whole (:mod:`autockpt.planner.runtime.chunked_loss`), add up to the loss of the whole.
+each chunk's scores, its loss and their gradients are computed in forward and the scores
+dropped before the next chunk (NOTE [Gradients in forward]), so at most one chunk's scores
+exist at a time. The chunks' losses, each weighted by its share of the whole
+(:mod:`autockpt.planner.runtime.chunked_loss`), add up to the loss of the whole.
 
 Which heads: the model's output must be the output of one ``nn.Linear`` that nothing else in
 the forward reads (a causal language model returning its logits). The step is then planned as
 the model's graph cut before that layer, returning the layer's input with its weight and bias,
-and the loss as the head and the user's loss run in chunks. That the loss adds up over
+and the loss as the head and the user's loss run in chunks. A model torch.fx does not trace (or
+keeps a large submodule of whole) is cut as a module instead
+(:mod:`autockpt.planner.runtime.head_cut`), its head found by a forward on fake tensors: the
+``nn.Linear`` whose output tensor is the model's, nothing run or written after it. Chunks make
+at most ``CHUNK_SCORES_BYTES`` of scores each, and there are at least ``MIN_LOSS_CHUNKS``. That the loss adds up over
 positions, and how (:class:`~autockpt.planner.measure.loss_positions.LossOverPositions`), is
 established by experiment, as batch separability is: a loss that shifts its labels by a
 position, or normalises over the whole sequence, is not chunked.

@@ -7,8 +7,18 @@ list or dict its caller passes. torch sees no tensor written, but a recompute ru
 again and writes it again: the cache grows, the recompute saves other tensors than the forward
 did, and torch's checkpoint fails (T5: "51 vs 47" tensors saved). So every call's mutable
 arguments (lists, dicts, objects, not tensors) are fingerprinted before and after it: which
-objects and tensors they hold, a few levels down. A call that changed one is kept, like one that
-writes its input in place, and the keep reason names the object's type.
+objects and tensors they hold, a few levels down.
+
+A call that changed a list or a dict it was given is kept, like one that writes its input in
+place: the runner passes rebuilt lists and dicts to a recomputed link, and a write to those
+would not reach the caller's. A call that changed another object (a ``Cache``) may be
+recomputed whole: :mod:`autockpt.planner.runtime.held_state` records what the object holds
+before its forward, puts that back while the forward runs again in backward, and puts back
+what it held just before that once the run is done, so the recompute sees the cache as the
+forward did and the caller's cache ends as the forward left it (on the Llama-style decoder at
+1 x 2048 tokens, ``use_cache=True``, every layer was kept before; recomputing them took the
+minimum down with the rest). Such a call never runs in chunks (each chunk would write the
+object) or in a span with others (a span puts back no state).
 """
 
 from __future__ import annotations

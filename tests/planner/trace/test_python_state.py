@@ -1,18 +1,18 @@
 """Python state written in forward (NOTE [Python state written in forward]): a layer that
-appends to a cache object or a list it is given is never recomputed, so planning neither dies
-with torch's CheckpointError nor changes the gradients."""
+appends to a cache object it is given is recomputed with the cache as its forward found it, and
+one that appends to a list it is given is never recomputed, so planning neither dies with
+torch's CheckpointError nor changes the gradients, and the cache ends as the forward left it."""
 
 from __future__ import annotations
 
 import warnings
 
-import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import autockpt
-from tests.oracle import measured_step
+from tests.oracle import assert_same_gradients, measured_step
 
 
 class KeyCache:
@@ -50,6 +50,7 @@ class CachingDecoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cache = KeyCache()
+        self.__dict__["last_cache"] = cache  # what the caller would read after the step
         for layer in self.layers:
             x = layer(x, cache=cache)
         return self.head(x)
@@ -89,23 +90,34 @@ def _forced(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> autockpt.Plan
         )
 
 
-@pytest.mark.parametrize(
-    ("make", "written", "writers"),
-    [(CachingDecoder, "KeyCache", "layers."), (ListLogging, "list", "blocks.")],
-)
-def test_calls_writing_an_object_they_are_given_are_kept_and_gradients_hold(make, written, writers):
-    torch.manual_seed(0)
-    model, inputs = make(), (torch.randn(64, 32),)
-    plan = _forced(model, inputs)
-    writing = [s for s in plan.segments if s.modules[0].startswith(writers)]
-    assert len(writing) == 4, plan.segments
-    for segment in writing:
-        assert not segment.recomputed
-        assert f"writes to the {written} it is given" in segment.reason, segment.reason
-    assert any(s.recomputed for s in plan.segments)  # the head still is
+def _same_step(model: nn.Module, plan: autockpt.Plan, inputs: tuple[torch.Tensor, ...]) -> None:
     _, loss, got = measured_step(model, inputs, plan)
     _, want_loss, want = measured_step(model, inputs)
     assert torch.equal(loss, want_loss)
-    assert got.keys() == want.keys()
-    for name in want:
-        torch.testing.assert_close(got[name], want[name], msg=name)
+    assert_same_gradients(got, want)
+
+
+def test_calls_writing_an_object_they_are_given_recompute_with_it_as_forward_found_it():
+    torch.manual_seed(0)
+    model, inputs = CachingDecoder(), (torch.randn(64, 32),)
+    plan = _forced(model, inputs)
+    layers = [s for s in plan.segments if s.modules[0].startswith("layers.")]
+    assert len(layers) == 4 and all(s.recomputed for s in layers), plan.segments
+    _same_step(model, plan, inputs)
+    planned = autockpt.apply(model, plan)
+    autockpt.training_step(planned, plan, inputs, (), lambda output: output.sum())
+    # Each layer's recompute wrote its keys again; the cache ends with the forward's four.
+    assert len(planned.last_cache.keys) == 4
+
+
+def test_calls_writing_a_list_they_are_given_are_kept_and_gradients_hold():
+    torch.manual_seed(0)
+    model, inputs = ListLogging(), (torch.randn(64, 32),)
+    plan = _forced(model, inputs)
+    writing = [s for s in plan.segments if s.modules[0].startswith("blocks.")]
+    assert len(writing) == 4, plan.segments
+    for segment in writing:
+        assert not segment.recomputed
+        assert "writes to the list it is given" in segment.reason, segment.reason
+    assert any(s.recomputed for s in plan.segments)  # the head still is
+    _same_step(model, plan, inputs)
