@@ -728,6 +728,15 @@ MUTATIONS = (
         ("tests/hf/test_trainer_callback.py",),
     ),
     Mutation(
+        "batch-norm-laid-out-as-meta",
+        "a fake batch norm keeps the meta kernel's layout, so the copy a later op makes of a "
+        "transposed input goes uncounted (PatchTST under-predicted)",
+        "autockpt/planner/core/memory_tracker.py",
+        "            out = self._size_oracle.relaid(func, args, kwargs, out)\n",
+        "            pass\n",
+        ("tests/planner/core/test_memory_tracker.py",),
+    ),
+    Mutation(
         "cache-not-put-back-for-recompute",
         "a link that writes the cache it is given recomputes with the cache as backward finds "
         "it (every layer's keys in it), not as its forward did",
