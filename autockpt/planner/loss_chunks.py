@@ -116,7 +116,11 @@ def _chunked_plan(
     Raises:
         InfeasibleBudgetError: no plan fits with them either.
     """
-    if not request.allow_loss_chunks or request.loss_fn is None:
+    if (
+        not request.allow_loss_chunks
+        or request.loss_fn is None
+        or request.use_gradient_checkpointing is not None  # a forced plan is what was asked
+    ):
         return None
     cut = _cut_step(model, example_inputs, request.tracing)
     if cut is None:

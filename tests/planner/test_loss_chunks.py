@@ -223,3 +223,21 @@ def test_chunked_loss_gives_the_whole_loss_and_its_gradients(scale):
     torch.testing.assert_close(loss, want_loss)
     for name, a, b in zip(("features", "weight", "bias"), got, want, strict=True):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_forced_checkpointing_keeps_the_loss_whole():
+    # use_gradient_checkpointing=True asks for every segment recomputed, and that alone.
+    torch.manual_seed(0)
+    model = TinyLM().train()
+    inputs, targets = _batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # over the budget: it says so and plans anyway
+        plan = autockpt.plan(
+            model,
+            inputs,
+            1,
+            loss_fn=smoothed_loss,
+            example_targets=targets,
+            use_gradient_checkpointing=True,
+        )
+    assert plan.strategy == "checkpoint-all" and plan.loss_chunks is None
