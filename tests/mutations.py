@@ -737,6 +737,15 @@ MUTATIONS = (
         ("tests/planner/core/test_memory_tracker.py",),
     ),
     Mutation(
+        "calibration-floor-over-small-room",
+        "calibration never goes below two vectors of 64K floats, so a budget of half a MiB "
+        "(PatchTST at its minimum) is overrun while planning calibrates",
+        "autockpt/planner/timing/calibration.py",
+        "MIN_CALIBRATION_SIZES = (16, 1024)\n",
+        "MIN_CALIBRATION_SIZES = (64, 65_536)\n",
+        ("tests/planner/timing/test_time_model.py",),
+    ),
+    Mutation(
         "cache-not-put-back-for-recompute",
         "a link that writes the cache it is given recomputes with the cache as backward finds "
         "it (every layer's keys in it), not as its forward did",
