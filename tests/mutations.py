@@ -746,6 +746,24 @@ MUTATIONS = (
         ("tests/planner/timing/test_time_model.py",),
     ),
     Mutation(
+        "distribution-checks-on-fake-tensors",
+        "torch.distributions' argument checks stay on while the forward runs on fake tensors, so "
+        "a model that builds a distribution in forward is measured on real copies",
+        "autockpt/planner/core/fake_scalars.py",
+        "        torch.distributions.Distribution.set_default_validate_args(False)\n",
+        "        pass\n",
+        ("tests/planner/test_user_steps.py",),
+    ),
+    Mutation(
+        "distribution-checks-left-off",
+        "planning leaves torch.distributions' argument checks off after it, so the user's own "
+        "steps no longer check a distribution's arguments",
+        "autockpt/planner/core/fake_scalars.py",
+        "            torch.distributions.Distribution.set_default_validate_args(self._checks_before.pop())\n",
+        "            self._checks_before.pop()\n",
+        ("tests/planner/test_user_steps.py",),
+    ),
+    Mutation(
         "cache-not-put-back-for-recompute",
         "a link that writes the cache it is given recomputes with the cache as backward finds "
         "it (every layer's keys in it), not as its forward did",

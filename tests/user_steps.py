@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 WIDTH, CLASSES, BATCH = 64, 10, 2048
+HORIZON = 12
 TOKENS, VOCAB = 32, 96
 
 
@@ -492,6 +493,29 @@ def _llama() -> nn.Module:
     return transformers.LlamaForCausalLM(llama_config()).train()
 
 
+class GaussianForecaster(nn.Module):
+    """A DeepAR-style probabilistic head: ``forward`` builds a ``torch.distributions.Normal``
+    (which checks its arguments, reading a value off them) and returns each sample's negative
+    log-likelihood of the horizon it is given, as forecasting libraries do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _mlp(5)
+        self.loc = nn.Linear(WIDTH, HORIZON)
+        self.scale = nn.Linear(WIDTH, HORIZON)
+
+    def forward(self, x: torch.Tensor, future: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)  # (B, W)
+        forecast = torch.distributions.Normal(self.loc(h), F.softplus(self.scale(h)) + 1e-3)
+        return -forecast.log_prob(future).mean(-1)  # (B,)
+
+
+def _horizons() -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    generator = _generator(18)
+    x = torch.randn(BATCH, WIDTH, generator=generator)  # (B, W)
+    return (x, torch.randn(BATCH, HORIZON, generator=generator)), ()
+
+
 _GPT2_BATCH, _LLAMA_BATCH = _LanguageModelBatch(16), _LanguageModelBatch(17)
 
 STEPS: dict[str, UserStep] = {
@@ -616,6 +640,14 @@ STEPS: dict[str, UserStep] = {
             tracing="forward-hooks",
             budget_share=0.6,
             needs="transformers",
+        ),
+        UserStep(
+            "distribution-built-in-forward",
+            "a Normal built in forward (it checks its arguments) and its NLL returned, fx refused",
+            _seeded(GaussianForecaster),
+            _horizons,
+            lambda nll: nll.mean(),
+            tracing="forward-hooks",
         ),
     )
 }

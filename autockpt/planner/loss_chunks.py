@@ -21,11 +21,11 @@ import math
 from collections.abc import Sequence
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_map_only
 
 from autockpt.errors import InfeasibleBudgetError, TraceError
 from autockpt.planner.core.fake_copies import fake_copy
+from autockpt.planner.core.fake_scalars import PlanningFakeMode
 from autockpt.planner.core.step_budget import StepBudget
 from autockpt.planner.core.units import format_bytes
 from autockpt.planner.measure.loss_positions import loss_over_positions
@@ -225,7 +225,7 @@ def _features_shape(
     cut_model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]
 ) -> tuple[int, ...]:
     """The shape of the head's input at the training batch, from a forward on fake tensors."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = PlanningFakeMode()
     copied = fake_copy(cut_model, mode)
     with mode, torch.no_grad():
         inputs = tree_map_only(torch.Tensor, mode.from_tensor, list(example_inputs))

@@ -132,3 +132,18 @@ def _planning_params() -> list[Any]:
 def test_planning_holds_the_budget_by_the_independent_counter(name: str) -> None:
     _, _, _, plan, planning_peak = _planned_at_its_share(name, timed=True)
     assert planning_peak <= plan.budget_bytes, f"planning held {planning_peak}"
+
+
+def test_a_forward_that_builds_a_distribution_is_measured_on_fake_tensors(fixed_time_model):
+    # NOTE [Argument checks on fake tensors]: the Normal's argument check reads a value; with
+    # the checks on, the forward fails on fake tensors and is measured on real copies.
+    step = STEPS["distribution-built-in-forward"]
+    model, batch = step.build(), step.batch()
+    torch.distributions.Distribution.set_default_validate_args(True)
+    plan = _plan(step, model, batch, 10**12)
+    assert plan.tracing == "forward-hooks"
+    assert not any("measured on real tensors" in note for note in plan.notes), plan.notes
+    # The user's own steps check their distributions' arguments as before planning.
+    assert torch.distributions.Distribution._validate_args is True
+    with pytest.raises(ValueError, match="scale"):
+        torch.distributions.Normal(torch.zeros(2), -torch.ones(2))

@@ -21,6 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autockpt.errors import TraceError
 from autockpt.planner.core.fake_copies import fake_copy, storages
+from autockpt.planner.core.fake_scalars import PlanningFakeMode
 from autockpt.planner.core.output_structure import (
     OutputStructure,
     RebuildingCodeGen,
@@ -187,7 +188,7 @@ def trace_model(
     called = {str(n.target) for n in graph.nodes if n.op == "call_module"}
     opaque = {path: reason for path, reason in failed.items() if path in called}
     graph_module = fx.GraphModule(model, graph, class_name=f"Traced{type(model).__name__}")
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_mode = PlanningFakeMode()
     fake_module = fake_copy(graph_module, fake_mode)
     try:
         node_bytes, owners, writes = node_output_bytes(fake_module, fake_mode, example_inputs)

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_map_only
 
 from autockpt.planner.core.fake_copies import fake_copy
+from autockpt.planner.core.fake_scalars import PlanningFakeMode
 from autockpt.planner.core.memory_tracker import MemoryTracker
 from autockpt.planner.trace.fx_graph import TracedModel
 
@@ -50,7 +50,7 @@ def opaque_shares(
         For each path, the bytes its calls leave alive (summed over calls) over the whole
         forward's, from 0 to 1.
     """
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = PlanningFakeMode()
     copied = fake_copy(model, mode)
     tracker = MemoryTracker()
     held = dict.fromkeys(["", *paths], 0)

@@ -42,10 +42,10 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_map_only
 
 from autockpt.planner.core.fake_copies import fake_copy
+from autockpt.planner.core.fake_scalars import PlanningFakeMode
 from autockpt.planner.core.output_structure import RebuildingCodeGen
 from autockpt.planner.core.train_eval import training_mode
 
@@ -99,7 +99,7 @@ def find_head_by_running(model: torch.nn.Module, example_inputs: Sequence[Any]) 
     """The head of a model torch.fx does not trace, found by one forward on fake tensors: the
     ``nn.Linear`` whose output tensor is the model's output, called last and not written after;
     or why there is none."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = PlanningFakeMode()
     copied = fake_copy(model, mode)
     outputs: dict[str, tuple[torch.Tensor, int]] = {}
     order: list[str] = []
