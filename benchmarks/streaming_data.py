@@ -1,5 +1,5 @@
 """Host memory and time to the first step of ``train`` (and of ``predict``) on files of bars
-larger than memory would allow, streamed from a row cache (NOTE [Row cache] in tft/data/row_cache.py).
+larger than memory would allow, streamed from a row cache (NOTE [Row cache] in tft/data/streamed/row_cache.py).
 
 Each file is made like ``make-data`` makes one (6 symbols, 64 features), written a symbol at a
 time so that making it does not need the memory the benchmark is about. Every command runs in

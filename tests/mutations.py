@@ -467,7 +467,7 @@ MUTATIONS = (
     Mutation(
         "stream-no-carry",
         "a chunk of a streamed file forgets each symbol's last bar, so its first row is dropped",
-        "tft/data/file_scan.py",
+        "tft/data/streamed/file_scan.py",
         "        carried = [code for code in np.unique(codes).tolist() if code in self.carry]",
         "        carried = []",
         ("tests/tft/test_streamed_windows.py",),
@@ -762,6 +762,32 @@ MUTATIONS = (
         "            torch.distributions.Distribution.set_default_validate_args(self._checks_before.pop())\n",
         "            self._checks_before.pop()\n",
         ("tests/planner/test_user_steps.py",),
+    ),
+    Mutation(
+        "timestamp-not-settled-by-the-file",
+        "a file with one timestamp-typed column under another name is refused until the user "
+        "names it",
+        "tft/data/role_inference.py",
+        '            update["timestamp"] = stamped[0]\n',
+        "            pass\n",
+        ("tests/cli/test_first_hour.py",),
+    ),
+    Mutation(
+        "symbol-not-settled-by-repeats",
+        "contracts interleaved by time with no column called symbol are read as one series and "
+        "refused for repeated timestamps",
+        "tft/data/role_inference.py",
+        "    return telling[0] if telling else None\n",
+        "    return None\n",
+        ("tests/cli/test_first_hour.py",),
+    ),
+    Mutation(
+        "role-problems-one-at-a-time",
+        "each missing role column is reported alone, one run per problem",
+        "tft/data/role_inference.py",
+        "        problems.append(f\"no {role} column '{name}': {fix} {how_to_name(option)}\")\n",
+        "        raise _error(path, f\"no {role} column '{name}': {fix} {how_to_name(option)}\")\n",
+        ("tests/cli/test_first_hour.py",),
     ),
     Mutation(
         "cache-not-put-back-for-recompute",

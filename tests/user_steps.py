@@ -510,6 +510,14 @@ class GaussianForecaster(nn.Module):
         return -forecast.log_prob(future).mean(-1)  # (B,)
 
 
+def _gaussian_forecaster() -> nn.Module:
+    # Argument checks on, as a fresh process has them: the first torch.compile in a process
+    # turns them off for good (dynamo does), and with them off torch.fx traces the distribution
+    # and the step would not take the path this entry stands for.
+    torch.distributions.Distribution.set_default_validate_args(True)
+    return _seeded(GaussianForecaster)()
+
+
 def _horizons() -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     generator = _generator(18)
     x = torch.randn(BATCH, WIDTH, generator=generator)  # (B, W)
@@ -644,7 +652,7 @@ STEPS: dict[str, UserStep] = {
         UserStep(
             "distribution-built-in-forward",
             "a Normal built in forward (it checks its arguments) and its NLL returned, fx refused",
-            _seeded(GaussianForecaster),
+            _gaussian_forecaster,
             _horizons,
             lambda nll: nll.mean(),
             tracing="forward-hooks",

@@ -1,7 +1,7 @@
 """Windows streamed from a row cache are the in-memory path's, and hold the host's memory down.
 
 The in-memory :func:`tft.data.windows.load_windows` is the reference: the streamed path
-(:func:`tft.data.streamed_windows.stream_windows`) reads the file in chunks of a few rows, so every
+(:func:`tft.data.streamed.streamed_windows.stream_windows`) reads the file in chunks of a few rows, so every
 chunk edge (a symbol's previous bar, its order, its first row) is crossed many times.
 """
 
@@ -20,7 +20,7 @@ import pytest
 from autockpt.training.loop.prefetch import Prefetch
 from tests.tft.futures import FUTURES_ROLES, futures_table
 from tft.data.columns import ColumnRoles
-from tft.data.streamed_windows import stream_windows
+from tft.data.streamed.streamed_windows import stream_windows
 from tft.data.windows import WindowedData, iterate_batches, load_windows
 from tft.errors import DataError
 

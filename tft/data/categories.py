@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tft.data.columns import _error
+from tft.data.columns import _error, how_to_name
 
 __all__ = [
     "MAX_CATEGORIES",
@@ -54,8 +54,8 @@ def fit_categories(path: Path, name: str, text: pa.ChunkedArray | pa.Array) -> l
             path,
             f"column '{name}' has {len(categories):,} distinct values in the training rows, "
             f"too many for a categorical input (at most {MAX_CATEGORIES:,}); leave it out with "
-            "ColumnRoles(ignore=[...]) (--ignore-columns), or store it as numbers to use it as "
-            "a real input",
+            f"{how_to_name('ignore', f'[{name!r}]')}, or store it as numbers to use it as a "
+            "real input",
         )
     return categories
 

@@ -29,6 +29,29 @@ NO_SYMBOL = "default"
 """Symbol name used when the file has no symbol column."""
 
 
+#: The command line's flag for each role (``autockpt train/plan/predict``), named first in every
+#: message about a role, the library's ``ColumnRoles`` argument after it.
+ROLE_FLAGS = {
+    "timestamp": "--timestamp-column",
+    "symbol": "--symbol-column",
+    "target": "--target",
+    "known": "--known-columns",
+    "observed": "--observed-columns",
+    "static": "--static-columns",
+    "categorical": "--categorical-columns",
+    "ignore": "--ignore-columns",
+}
+
+
+def how_to_name(option: str, value: str = "...") -> str:
+    """The flag and the library argument that set a role: ``--target COLUMN
+    (ColumnRoles(target=...))``."""
+    metavar = (
+        "A,B" if option in ("known", "observed", "static", "categorical", "ignore") else "COLUMN"
+    )
+    return f"{ROLE_FLAGS[option]} {metavar} (ColumnRoles({option}={value}))"
+
+
 class ColumnRoles(BaseModel):
     """Which column of the file plays which part; see NOTE [Rows, windows and splits] (tft.data.windows).
 
@@ -147,7 +170,7 @@ def _resolve_roles(
             raise _error(
                 path,
                 f"no {role} column '{name}' ({_columns_hint(schema)}); "
-                f"name the right column with ColumnRoles({option}=...)",
+                f"name the right column with {how_to_name(option)}",
             )
         return schema.field(name)
 
@@ -157,7 +180,7 @@ def _resolve_roles(
             raise _error(
                 path,
                 f"{role} column '{name}' has type {kind}, neither a number nor a category; "
-                f"convert it or leave it out of ColumnRoles({option}=...)",
+                f"convert it or leave it out of {how_to_name(option)}",
             )
 
     if not pa.types.is_timestamp(field(roles.timestamp, "timestamp", "timestamp").type):
@@ -165,14 +188,15 @@ def _resolve_roles(
         raise _error(
             path,
             f"timestamp column '{roles.timestamp}' has type {kind}, not a timestamp; "
-            "store it as a Parquet timestamp or name another column with ColumnRoles(timestamp=...)",
+            f"store it as a Parquet timestamp or name another column with {how_to_name('timestamp')}",
         )
     symbol = roles.symbol
     if symbol is not None and not _is_symbol_type(field(symbol, "symbol", "symbol").type):
         raise _error(
             path,
             f"symbol column '{symbol}' has type {schema.field(symbol).type}, not text or integer; "
-            "store symbols as strings or set ColumnRoles(symbol=None)",
+            "store symbols as strings, or name another column with "
+            f"{how_to_name('symbol')}",
         )
     if symbol is None and "symbol" in schema.names:
         symbol = "symbol" if _is_symbol_type(schema.field("symbol").type) else None
@@ -181,7 +205,7 @@ def _resolve_roles(
         raise _error(
             path,
             f"target column '{roles.target}' has type {target_type}, not a number; forecast a "
-            "numeric column (a price) with ColumnRoles(target=...)",
+            f"numeric column (a price) with {how_to_name('target')}",
         )
     for name in roles.ignore:
         field(name, "ignored", "ignore")
@@ -193,7 +217,7 @@ def _resolve_roles(
                 path,
                 f"categorical column '{name}' has type {kind}; only integer columns need naming "
                 "as categorical (text and booleans always are, and a float is a real input): "
-                "leave it out of ColumnRoles(categorical=...)",
+                f"leave it out of {how_to_name('categorical')}",
             )
     reserved = {roles.timestamp, symbol, roles.target}
     for name in roles.known:
@@ -220,7 +244,7 @@ def _resolve_roles(
             raise _error(
                 path,
                 f"static column '{name}' takes more than one value within a symbol; name it "
-                "known or observed instead of static (ColumnRoles(static=...))",
+                f"known or observed instead of static ({how_to_name('static')})",
             )
     categorical = _categorical_columns(
         path, schema, roles, [*roles.known, *observed, *static], static
@@ -261,7 +285,7 @@ def _check_one_role_each(
         raise _error(
             path,
             f"column '{clashes[0]}' has two roles ({', '.join(held)}); give each column one "
-            "role in ColumnRoles",
+            "role (the data columns flags, or ColumnRoles)",
         )
 
 
@@ -276,7 +300,7 @@ def _categorical_columns(
             path,
             f"categorical column '{unused_integers[0]}' has no role (it is ignored or not "
             "listed as known, observed or static); give it one or leave it out of "
-            "ColumnRoles(categorical=...)",
+            f"{how_to_name('categorical')}",
         )
     return [
         name
@@ -368,8 +392,16 @@ def check_symbols_known(path: Path, name: str | None, present: list[str], known:
 
 
 def _check_order(
-    path: Path, time_ns: np.ndarray, codes: np.ndarray, file_rows: np.ndarray, symbols: list[str]
+    path: Path,
+    time_ns: np.ndarray,
+    codes: np.ndarray,
+    file_rows: np.ndarray,
+    symbols: list[str],
+    hint: str = "",
 ) -> None:
+    """Each symbol's rows strictly later than the one before. ``hint``: where no symbol column
+    is used, how to name one (:func:`tft.data.role_inference.symbol_hint`), said before the
+    advice to drop or sort rows: the usual cause is several instruments in one file."""
     same_symbol = codes[1:] == codes[:-1]
     bad = np.flatnonzero(same_symbol & (time_ns[1:] <= time_ns[:-1]))
     if len(bad) == 0:
@@ -377,16 +409,18 @@ def _check_order(
     i = int(bad[0])
     row, previous = int(file_rows[i + 1]), int(file_rows[i])
     symbol = symbols[int(codes[i])]
+    otherwise = "; otherwise" if hint else ";"
     if time_ns[i + 1] == time_ns[i]:
         raise _error(
             path,
             f"row {row} repeats the timestamp {_iso(time_ns[i])} of row {previous} for symbol "
-            f"'{symbol}'; drop duplicate bars",
+            f"'{symbol}'{hint}{otherwise} drop duplicate bars",
         )
     raise _error(
         path,
         f"row {row} ({_iso(time_ns[i + 1])}) is earlier than row {previous} "
-        f"({_iso(time_ns[i])}) for symbol '{symbol}'; sort the file by symbol and timestamp",
+        f"({_iso(time_ns[i])}) for symbol '{symbol}'{hint}{otherwise} sort the file by symbol "
+        "and timestamp",
     )
 
 
@@ -398,7 +432,7 @@ def _check_finite(path: Path, name: str, values: np.ndarray, file_rows: np.ndarr
         raise _error(
             path,
             f"column '{name}' has no finite value (all null/NaN); drop the column or list the "
-            "columns to use in ColumnRoles(observed=...)",
+            f"columns to use in {how_to_name('observed')}",
         )
     row = int(file_rows[np.argmin(finite)])
     value = values[np.argmin(finite)]

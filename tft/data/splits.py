@@ -2,7 +2,7 @@
 
 The splits cut the sorted distinct timestamps of a file at global points, so the test period
 is the same calendar span for every symbol; a window lies wholly inside one symbol and one
-split. Both the in-memory and the streamed path (:mod:`tft.data.streamed_windows`) cut with these.
+split. Both the in-memory and the streamed path (:mod:`tft.data.streamed.streamed_windows`) cut with these.
 """
 
 from __future__ import annotations

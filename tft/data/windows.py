@@ -77,6 +77,7 @@ from tft.data.columns import (
     _usable,
 )
 from tft.data.normalize import Normalizer, _transform_target
+from tft.data.role_inference import infer_roles, symbol_hint
 from tft.data.row_files import RowFiles
 from tft.data.rows import InputEncoder, Rows
 from tft.data.splits import split_cuts, split_labels, split_windows, too_short, window_starts
@@ -333,6 +334,7 @@ def load_windows(
     _check_options(encoder_length, horizon, split_fractions)
     schema = _read_schema(path)
     roles = roles if roles is not None else normalizer.roles if normalizer else ColumnRoles()
+    roles = infer_roles(path, schema, roles)
     table = _read_table(path, _columns_to_read(schema, roles))
     roles = _resolve_roles(path, schema, roles, _constancy_check(table))
     if normalizer is not None and roles != normalizer.roles:
@@ -344,7 +346,7 @@ def load_windows(
     )
     file_rows = np.argsort(codes, kind="stable") if len(symbols) > 1 else np.arange(len(codes))
     time_ns, codes = time_ns[file_rows], codes[file_rows]
-    _check_order(path, time_ns, codes, file_rows, symbols)
+    _check_order(path, time_ns, codes, file_rows, symbols, symbol_hint(schema, roles))
     first_of_symbol = np.concatenate([[True], codes[1:] != codes[:-1]])
 
     target, keep = _transform_target(

@@ -28,7 +28,9 @@ while planning's fake mode is entered (:class:`PlanningFakeMode`), ``torch.distr
 default argument checks are off, and they are back as they were when it is left; the user's
 real steps check as they always did. Reads that can change what a forward allocates (a size
 from ``.item()``, a branch on ``mask.any()``) still raise in the forward, and planning measures
-such a model on real copies, as before.
+such a model on real copies, as before, and so does a distribution made with
+``validate_args=True`` in so many words. (The first ``torch.compile`` in a process turns the
+default checks off for good, dynamo does: after it, torch.fx traces such a forward too.)
 """
 
 from __future__ import annotations
@@ -83,7 +85,11 @@ class PlanningFakeMode(FakeTensorMode):
     def __enter__(self) -> PlanningFakeMode:
         self._checks_before.append(torch.distributions.Distribution._validate_args)
         torch.distributions.Distribution.set_default_validate_args(False)
-        return super().__enter__()  # type: ignore[return-value]
+        try:
+            return super().__enter__()  # type: ignore[return-value]
+        except BaseException:
+            torch.distributions.Distribution.set_default_validate_args(self._checks_before.pop())
+            raise
 
     def __exit__(self, *exc_info: Any) -> None:
         try:

@@ -85,7 +85,7 @@ class TrainedOnFile:
         """Raises RunError, DataError or DeviceError as :func:`predict` documents.
 
         A file too large for ``max_host_memory`` (unset: the run's setting) is streamed from
-        a row cache beside the run folder (NOTE [Row cache] in :mod:`tft.data.row_cache`).
+        a row cache beside the run folder (NOTE [Row cache] in :mod:`tft.data.streamed.row_cache`).
         """
         run = RunFolder.open(run_dir, need=(BEST_FILE,))
         resolved = resolve_device(device)

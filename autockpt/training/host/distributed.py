@@ -197,7 +197,7 @@ def main_first(world: World, work: Callable[[], _T]) -> _T:
     """Run ``work`` on rank 0, then on the other ranks once rank 0 has finished it.
 
     For work whose first run writes what later runs reuse (the row cache of a streamed file,
-    NOTE [Row cache] in tft/data/row_cache.py): the ranks do not build it side by side.
+    NOTE [Row cache] in tft/data/streamed/row_cache.py): the ranks do not build it side by side.
 
     Raises:
         AutockptError, TFTError: on rank 0, what ``work`` raised; on the others, :class:`OtherRankError`

@@ -1,5 +1,5 @@
 """Where a run's windows come from: memory for a file that fits the host's share, a row cache
-on disk for one that does not (NOTE [Row cache] in :mod:`tft.data.row_cache`)."""
+on disk for one that does not (NOTE [Row cache] in :mod:`tft.data.streamed.row_cache`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from autockpt import format_bytes, parse_budget
 from autockpt.errors import BudgetError, ConfigError
 from tft.data.columns import ColumnRoles
 from tft.data.normalize import Normalizer
-from tft.data.row_cache import cache_folder
-from tft.data.streamed_windows import in_memory_bytes, stream_windows
+from tft.data.streamed.row_cache import cache_folder
+from tft.data.streamed.streamed_windows import in_memory_bytes, stream_windows
 from tft.data.windows import WindowedData, load_windows
 
 __all__ = ["CACHE_FOLDER", "read_windows"]

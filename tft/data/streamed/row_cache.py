@@ -1,7 +1,7 @@
 """The encoded rows of a Parquet file, written once to a folder and mapped back into memory.
 
 :func:`cached_rows` gives the :class:`~tft.data.rows.Rows` of a file larger than memory: the first
-time, three passes over the file in chunks (:mod:`tft.data.file_scan`) write every role's array
+time, three passes over the file in chunks (:mod:`tft.data.streamed.file_scan`) write every role's array
 to its own file in the cache folder; after that (a resumed run, ``predict`` on the same file)
 the folder is mapped as it is. NOTE [Row cache] says why this design.
 
@@ -48,7 +48,12 @@ from tft.data.columns import (
     _roles_difference,
     _usable,
 )
-from tft.data.file_scan import (
+from tft.data.normalize import Normalizer
+from tft.data.role_inference import infer_roles
+from tft.data.row_files import RowFiles
+from tft.data.rows import Rows, _calendar
+from tft.data.splits import split_cuts
+from tft.data.streamed.file_scan import (
     FileLayout,
     RowWalker,
     fit_statistics,
@@ -56,10 +61,6 @@ from tft.data.file_scan import (
     read_chunks,
     scan_layout,
 )
-from tft.data.normalize import Normalizer
-from tft.data.row_files import RowFiles
-from tft.data.rows import Rows, _calendar
-from tft.data.splits import split_cuts
 from tft.errors import DataError
 
 __all__ = ["RowCacheMeta", "cache_folder", "cached_rows"]
@@ -227,6 +228,7 @@ def _build(
     schema = _read_schema(path)
     given_normalizer = normalizer is not None
     asked = roles if roles is not None else normalizer.roles if normalizer else ColumnRoles()
+    asked = infer_roles(path, schema, asked)
     candidates = [
         name
         for name in schema.names

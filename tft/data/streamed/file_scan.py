@@ -7,7 +7,7 @@ the target transform and the order checks see the file as a whole. :func:`scan_l
 :func:`fit_statistics` are the two passes that find what :func:`tft.data.windows.load_windows` finds by
 holding the file: the symbols, their row counts and the distinct timestamps (for the splits),
 which text columns are constant within a symbol, the column roles, and the scales and
-categories fitted on the training rows. :mod:`tft.data.row_cache` writes the encoded rows.
+categories fitted on the training rows. :mod:`tft.data.streamed.row_cache` writes the encoded rows.
 
 NOTE [Streaming statistics]
 The in-memory path fits a mean per symbol, then the spread about it (two passes over the
@@ -42,12 +42,14 @@ from tft.data.columns import (
     _error,
     _float_column,
     _is_symbol_type,
+    _read_schema,
     _resolve_roles,
     _symbol_codes,
     _timestamps,
     check_symbols_known,
 )
 from tft.data.normalize import Scale, _transform_target
+from tft.data.role_inference import symbol_hint
 
 __all__ = ["ChunkRows", "FileLayout", "RowWalker", "fit_statistics", "read_chunks", "scan_layout"]
 
@@ -120,6 +122,7 @@ class RowWalker:
         self, path: Path, roles: ColumnRoles, symbol: str | None, symbols: list[str] | None
     ) -> None:
         self.path, self.roles, self.symbol = path, roles, symbol
+        self.hint = symbol_hint(_read_schema(path), roles.model_copy(update={"symbol": symbol}))
         self.discover = symbols is None
         self.symbols: list[str] = [] if symbols is None else list(symbols)
         # Per symbol code: (last time, last raw target value, its file row); absent before.
@@ -164,7 +167,7 @@ class RowWalker:
         order = np.argsort(ext_codes, kind="stable")
         ext_codes, ext_time, ext_price = ext_codes[order], ext_time[order], ext_price[order]
         ext_file, ext_local = ext_file[order].astype(np.int64), ext_local[order]
-        _check_order(path, ext_time, ext_codes, ext_file, self.symbols)
+        _check_order(path, ext_time, ext_codes, ext_file, self.symbols, self.hint)
         real = ext_local >= 0
         if differenced:
             first_of_symbol = np.concatenate([[True], ext_codes[1:] != ext_codes[:-1]])

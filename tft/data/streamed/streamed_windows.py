@@ -1,7 +1,7 @@
 """Windows of a Parquet file larger than memory: :func:`load_windows`'s result from a row cache.
 
 :func:`stream_windows` takes what :func:`tft.data.windows.load_windows` takes, plus a cache folder and
-the host memory to stay within; the rows come from :func:`tft.data.row_cache.cached_rows` (NOTE
+the host memory to stay within; the rows come from :func:`tft.data.streamed.row_cache.cached_rows` (NOTE
 [Row cache]) instead of a table held in memory. Windows, splits and the normaliser are those
 of the in-memory path (the scales to the last bits of NOTE [Streaming statistics]).
 :func:`chunk_rows_for` sizes the chunks the file is read in from the memory allowed.
@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 
 from tft.data.columns import ColumnRoles, _read_schema
 from tft.data.normalize import Normalizer
-from tft.data.row_cache import cached_rows
 from tft.data.splits import split_cuts, split_labels, split_windows, too_short, window_starts
+from tft.data.streamed.row_cache import cached_rows
 from tft.data.windows import WindowedData, _check_options, windowed_data
 
 __all__ = ["chunk_rows_for", "in_memory_bytes", "stream_windows"]

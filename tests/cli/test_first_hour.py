@@ -1,0 +1,138 @@
+"""A trader's first hour with their own export: the columns named as exports name them (``ts``,
+``ticker``, ``o h l c v``), three contracts interleaved by time. What the file settles is
+settled (the one timestamp column, the text column that tells a timestamp's rows apart), and
+what it cannot is asked for all at once, each with its flag first (NOTE [Roles the file
+settles])."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from autockpt.cli import main
+from tests.cli.test_cli import assert_one_line
+from tft.data import role_inference
+from tft.data.columns import ColumnRoles
+from tft.data.windows import load_windows
+from tft.errors import DataError
+
+PLAN = ["--preset", "tiny", "--vram-budget", "8MB"]
+CONTRACTS = ("ESZ6", "NQZ6", "CLZ6")
+
+
+def write_export(
+    path: Path, *, minutes: int = 600, interleaved: bool = True, names: bool = False
+) -> Path:
+    """Three contracts' one-minute bars as an export writes them: by time, contract by
+    contract within a minute (``interleaved``), or contract after contract. ``names`` adds a
+    ``name`` column, one to one with the ticker but in another order."""
+    rng = np.random.default_rng(0)
+    times = np.datetime64("2026-03-02T14:30", "ns") + np.arange(minutes) * np.timedelta64(1, "m")
+    tables = []
+    for number, ticker in enumerate(CONTRACTS):
+        close = (100.0 + 50 * number) * np.exp(np.cumsum(rng.normal(0, 5e-4, minutes)))
+        columns = {
+            "ts": pa.array(times),
+            "ticker": pa.array([ticker] * minutes),
+            "o": close * (1 + rng.normal(0, 1e-4, minutes)),
+            "h": close * 1.001,
+            "l": close * 0.999,
+            "c": close,
+            "v": rng.integers(1, 900, minutes),
+            "book_imb": rng.normal(0, 1, minutes),
+            "session": pa.array(["RTH" if m % 390 < 300 else "ETH" for m in range(minutes)]),
+        }
+        if names:
+            columns["name"] = pa.array([f"contract {len(CONTRACTS) - number}"] * minutes)
+        tables.append(pa.table(columns))
+    table = pa.concat_tables(tables)
+    if interleaved:
+        order = np.lexsort((np.arange(table.num_rows) // minutes, np.tile(np.arange(minutes), 3)))
+        table = table.take(pa.array(order))
+    pq.write_table(table, path)
+    return path
+
+
+def test_the_export_runs_on_the_second_try_with_the_one_flag_it_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_export(tmp_path / "mybars.parquet")
+    code = main(["plan", str(data), *PLAN])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert_one_line(err)
+    # The target cannot be read off the file: asked for, flag first. The timestamp and the
+    # symbol can: not asked for.
+    assert "no target column 'close': name it with --target COLUMN (ColumnRoles(target=" in err
+    assert "timestamp" not in err.split("the file has")[0] and "symbol" not in err
+    assert main(["plan", str(data), *PLAN, "--target", "c", "--quiet"]) == 0
+    shown = json.loads(capsys.readouterr().out.splitlines()[0])
+    roles = {column["name"]: column["role"] for column in shown["columns"]}
+    assert roles["ts"] == "timestamp" and roles["ticker"] == "symbol" and roles["c"] == "target"
+
+
+def test_every_role_the_file_lacks_is_named_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_export(tmp_path / "mybars.parquet")
+    code = main(["plan", str(data), *PLAN, "--known-columns", "sesion", "--symbol-column", "sym"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert_one_line(err)
+    assert "3 problems with the column roles" in err
+    for asked in ("--symbol-column COLUMN", "--target COLUMN", "--known-columns A,B"):
+        assert asked in err
+    assert err.index("--target") < err.index("ColumnRoles(target=")  # the flag first
+    assert "the file has ts, ticker, o, h, l, c, v, book_imb" in err
+
+
+def test_a_named_role_is_never_replaced_by_what_the_file_settles(tmp_path: Path) -> None:
+    data = write_export(tmp_path / "mybars.parquet")
+    with pytest.raises(DataError, match="no timestamp column 'time'"):
+        load_windows(
+            data, roles=ColumnRoles(timestamp="time", target="c"), encoder_length=8, horizon=2
+        )
+    # symbol=None said in so many words: the contracts' repeated timestamps are refused.
+    with pytest.raises(DataError, match="repeats the timestamp"):
+        load_windows(data, roles=ColumnRoles(symbol=None, target="c"), encoder_length=8, horizon=2)
+
+
+def test_one_to_one_columns_settle_the_symbol_and_other_groupings_are_asked_for(
+    tmp_path: Path,
+) -> None:
+    data = write_export(tmp_path / "named.parquet", names=True)
+    windows = load_windows(data, roles=ColumnRoles(target="c"), encoder_length=8, horizon=2)
+    assert windows.normalizer.roles.symbol == "ticker"  # first in the file; name is static
+    assert "name" in (windows.normalizer.roles.static or [])
+
+    table = pq.read_table(data)
+    # A column that tells a minute's rows apart but groups them otherwise than the ticker
+    # (the rows are interleaved: a minute's three contracts, then the next minute's).
+    row = np.arange(table.num_rows)
+    venue = pa.array([f"venue {v}" for v in (row % 3 + row // 3) % 3])
+    pq.write_table(table.drop_columns(["name"]).append_column("venue", venue), data)
+    with pytest.raises(DataError) as refused:
+        load_windows(data, roles=ColumnRoles(target="c"), encoder_length=8, horizon=2)
+    message = str(refused.value)
+    assert "each of ticker, venue tells the rows apart" in message
+    assert "--symbol-column COLUMN" in message
+
+
+def test_contracts_one_after_another_past_the_sample_say_to_name_the_symbol(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Contract after contract, the first rows' timestamps never repeat: the file settles
+    # nothing, and the order check's error names the text columns and the flag.
+    data = write_export(tmp_path / "sorted.parquet", interleaved=False)
+    monkeypatch.setattr(role_inference, "SAMPLE_ROWS", 100)
+    with pytest.raises(DataError) as refused:
+        load_windows(data, roles=ColumnRoles(target="c"), encoder_length=8, horizon=2)
+    message = str(refused.value)
+    assert "is earlier than row" in message
+    assert "the file's text columns: ticker, session" in message
+    assert message.index("--symbol-column") < message.index("sort the file")

@@ -1,0 +1,185 @@
+"""The roles a file settles by itself, and every role it cannot settle reported at once.
+
+NOTE [Roles the file settles]
+A trader's export rarely uses this project's default names (``timestamp``, ``symbol``,
+``close``). Two roles can be read off the file without guessing:
+
+- the timestamp: where no column has the default name and the user named none, the one
+  column stored as a Parquet timestamp is it (two or more: the user must choose);
+- the symbol: where the user named none and no column is called ``symbol``, the timestamps of
+  the first ``SAMPLE_ROWS`` rows repeat (several instruments interleaved by time), and exactly
+  one text column has a value of its own on every row of a repeated timestamp, that column
+  is the symbol. Several such columns that group the rows alike (a ticker and its exchange,
+  one to one) give the first in the file; several that group them otherwise are reported, not
+  picked.
+
+The target and the known inputs cannot be read off a file (a column ``c`` might be a close or a
+count), so they are asked for; but every column a role names that the file lacks, and every role
+whose column has the wrong type, is reported in one line, each with its command-line flag first
+and the library's ``ColumnRoles`` argument after, so that one try after the first error runs.
+A role the user named is never replaced: only defaults are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tft.data.columns import (
+    ColumnRoles,
+    _columns_hint,
+    _error,
+    _is_numeric,
+    _is_symbol_type,
+    _is_text,
+    _usable,
+    how_to_name,
+)
+
+__all__ = ["SAMPLE_ROWS", "infer_roles", "symbol_hint"]
+
+#: Rows read from the start of the file to tell whether its timestamps repeat.
+SAMPLE_ROWS = 200_000
+
+
+def infer_roles(path: Path, schema: pa.Schema, roles: ColumnRoles) -> ColumnRoles:
+    """``roles`` with the timestamp and symbol the file settles filled in where the user named
+    none (NOTE [Roles the file settles]).
+
+    Raises:
+        DataError: one line naming every role whose column the file lacks or cannot use, each
+            with its flag and ``ColumnRoles`` argument; or timestamps that repeat with several
+            text columns that could each be the symbol.
+    """
+    update: dict[str, str] = {}
+    named = roles.model_fields_set
+    if "timestamp" not in named and roles.timestamp not in schema.names:
+        stamped = [f.name for f in schema if pa.types.is_timestamp(f.type)]
+        if len(stamped) == 1:
+            update["timestamp"] = stamped[0]
+    timestamp = update.get("timestamp", roles.timestamp)
+    has_symbol = "symbol" in schema.names and _is_symbol_type(schema.field("symbol").type)
+    if "symbol" not in named and not has_symbol and timestamp in schema.names:
+        symbol = _symbol_by_repeats(path, schema, timestamp, roles)
+        if symbol is not None:
+            update["symbol"] = symbol
+    settled = roles.model_copy(update=update) if update else roles
+    _check_named_columns(path, schema, settled)
+    return settled
+
+
+def symbol_hint(schema: pa.Schema, roles: ColumnRoles) -> str:
+    """What to add to a duplicate or out-of-order timestamp error where no symbol column is
+    used: the text columns that could hold the instruments, and how to name one."""
+    if roles.symbol is not None:
+        return ""
+    texts = [f.name for f in schema if _is_text(f.type) and f.name not in roles.ignore]
+    where = f" (the file's text columns: {', '.join(texts)})" if texts else ""
+    return (
+        f"; if the file holds several instruments, name their column{where} with "
+        f"{how_to_name('symbol')}"
+    )
+
+
+def _symbol_by_repeats(
+    path: Path, schema: pa.Schema, timestamp: str, roles: ColumnRoles
+) -> str | None:
+    texts = [
+        f.name for f in schema if _is_text(f.type) and f.name not in (timestamp, *roles.ignore)
+    ]
+    if not texts:
+        return None
+    try:
+        batches = pq.ParquetFile(path).iter_batches(
+            batch_size=SAMPLE_ROWS, columns=[timestamp, *texts]
+        )
+        sample = pa.Table.from_batches([next(batches)])
+    except (StopIteration, pa.ArrowException, OSError):
+        return None  # an empty or unreadable file: loading says so in its own words
+    times = _comparable(sample[timestamp])
+    if len(np.unique(times)) == len(times):
+        return None
+    telling = [name for name in texts if _tells_rows_apart(sample, timestamp, name)]
+    if len(telling) > 1 and not all(_same_groups(sample, telling[0], n) for n in telling[1:]):
+        raise _error(
+            path,
+            f"timestamps repeat (several instruments?) and each of {', '.join(telling)} tells "
+            f"the rows apart; name the instrument column with {how_to_name('symbol')}",
+        )
+    return telling[0] if telling else None
+
+
+def _comparable(column: pa.ChunkedArray) -> np.ndarray:
+    """Values equal where the column's values are equal (times as integers, text as text)."""
+    if pa.types.is_timestamp(column.type):
+        return column.cast(pa.int64()).to_numpy()
+    return np.asarray(column.to_pylist(), dtype=object)
+
+
+def _tells_rows_apart(sample: pa.Table, timestamp: str, name: str) -> bool:
+    """Whether ``name`` holds more than one value and no two rows share a timestamp and a
+    value of it."""
+    pairs = sample.select([timestamp, name]).group_by([timestamp, name]).aggregate([])
+    return pairs.num_rows == sample.num_rows and pc.count_distinct(sample[name]).as_py() > 1
+
+
+def _same_groups(sample: pa.Table, first: str, other: str) -> bool:
+    """Whether two columns group the rows alike (a ticker and its exchange's code, one to one):
+    then either is the symbol, and the first in the file is taken."""
+
+    def groups(names: list[str]) -> int:
+        return sample.select(names).group_by(names).aggregate([]).num_rows
+
+    return groups([first]) == groups([other]) == groups([first, other])
+
+
+def _check_named_columns(path: Path, schema: pa.Schema, roles: ColumnRoles) -> None:
+    problems: list[str] = []
+
+    def lacking(name: str, role: str, option: str) -> bool:
+        if name in schema.names:
+            return False
+        fix = "leave it out of" if option == "ignore" else "name it with"
+        problems.append(f"no {role} column '{name}': {fix} {how_to_name(option)}")
+        return True
+
+    if not lacking(roles.timestamp, "timestamp", "timestamp"):
+        kind = schema.field(roles.timestamp).type
+        if not pa.types.is_timestamp(kind):
+            problems.append(
+                f"timestamp column '{roles.timestamp}' has type {kind}, not a timestamp: store "
+                f"it as a Parquet timestamp or name another with {how_to_name('timestamp')}"
+            )
+    if roles.symbol is not None and not lacking(roles.symbol, "symbol", "symbol"):
+        kind = schema.field(roles.symbol).type
+        if not _is_symbol_type(kind):
+            problems.append(
+                f"symbol column '{roles.symbol}' has type {kind}, not text or integer: name "
+                f"another with {how_to_name('symbol')}"
+            )
+    if not lacking(roles.target, "target", "target"):
+        kind = schema.field(roles.target).type
+        if not _is_numeric(kind):
+            problems.append(
+                f"target column '{roles.target}' has type {kind}, not a number: name a price "
+                f"with {how_to_name('target')}"
+            )
+    for option in ("known", "observed", "static", "categorical", "ignore"):
+        for name in getattr(roles, option) or []:
+            role = "ignored" if option == "ignore" else option
+            if lacking(name, role, option) or option == "ignore":
+                continue
+            if not _usable(schema.field(name).type):
+                problems.append(
+                    f"{option} column '{name}' has type {schema.field(name).type}, neither "
+                    f"a number nor a category: leave it out of {how_to_name(option)}"
+                )
+    if problems:
+        count = f"{len(problems)} problems with the column roles" if len(problems) > 1 else ""
+        raise _error(
+            path, "; ".join([*([count] if count else []), *problems, _columns_hint(schema)])
+        )
