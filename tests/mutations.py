@@ -790,6 +790,30 @@ MUTATIONS = (
         ("tests/cli/test_first_hour.py",),
     ),
     Mutation(
+        "text-times-without-zone-read-as-utc",
+        "ISO text with no time zone is read as UTC without asking whose clock it is",
+        "tft/data/timestamps.py",
+        "        if column.type.tz is None and roles.timezone is None:\n",
+        "        if False:\n",
+        ("tests/tft/test_timestamps.py",),
+    ),
+    Mutation(
+        "epoch-unit-always-nanoseconds",
+        "integer epochs are read as nanoseconds whatever their size",
+        "tft/data/timestamps.py",
+        "    for unit, per_unit in EPOCH_UNITS.items():\n",
+        '    for unit, per_unit in [("ns", 1)]:\n',
+        ("tests/tft/test_timestamps.py",),
+    ),
+    Mutation(
+        "split-flag-not-passed-to-the-data",
+        "--split is shown but the data is still cut 70/15/15",
+        "autockpt/training/setup/prepare.py",
+        "            split_fractions=config.split,\n",
+        "",
+        ("tests/cli/test_first_hour.py",),
+    ),
+    Mutation(
         "cache-not-put-back-for-recompute",
         "a link that writes the cache it is given recomputes with the cache as backward finds "
         "it (every layer's keys in it), not as its forward did",

@@ -23,7 +23,7 @@ from autockpt import format_bytes, parse_budget
 from autockpt.cli.importance import plot_importance, print_importance
 from autockpt.cli.parser import comma_list, overrides
 from autockpt.cli.plot import PLAN_PICTURE, check_plot_available, plot_available, plot_plan
-from autockpt.cli.report import columns_record, print_columns
+from autockpt.cli.report import columns_record, print_columns, split_line
 from autockpt.errors import ConfigError, InfeasibleBudgetError
 from autockpt.plan_report import print_plan
 
@@ -84,12 +84,15 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if setup.host_tuning is not None:
         setup.host_tuning.restore()
     if config.quiet:
-        print(json.dumps(columns_record(setup.data.columns), sort_keys=True))
+        print(
+            json.dumps(columns_record(setup.data.columns, config.split, setup.data), sort_keys=True)
+        )
         print(setup.plan.model_dump_json())
     else:
         for note in setup.notes:
             console.print(f"[dim]{note}[/dim]")
         print_columns(console, setup.data.columns)
+        console.print(split_line(config.split, setup.data))
         print_plan(console, setup.plan, budget_given=setup.budget is not None)
     if args.json is not None:
         write_text_atomic(args.json, setup.plan.model_dump_json(indent=2))
@@ -184,11 +187,12 @@ def _run_training(
         reporter = SilentReporter()
     elif setup.config.quiet:
         reporter = JsonLinesReporter()
-        reporter.event(columns_record(setup.data.columns))
+        reporter.event(columns_record(setup.data.columns, setup.config.split, setup.data))
     else:
         for note in setup.notes:
             console.print(f"[dim]{note}[/dim]")
         print_columns(console, setup.data.columns)
+        console.print(split_line(setup.config.split, setup.data))
         print_plan(console, setup.plan, budget_given=setup.budget is not None)
         if setup.world.is_distributed:
             console.print(

@@ -48,6 +48,9 @@ CONFIG_KEYS = (
     "target_transform",
     "symbol_column",
     "timestamp_column",
+    "split",
+    "timezone",
+    "timestamp_unit",
     "known_columns",
     "observed_columns",
     "static_columns",
@@ -157,6 +160,24 @@ def _add_column_options(parser: argparse.ArgumentParser) -> None:
     )
     roles.add_argument(
         "--timestamp-column", metavar="COLUMN", help="bar time column (default: timestamp)"
+    )
+    roles.add_argument(
+        "--split",
+        type=comma_list,
+        metavar="TRAIN,VAL,TEST",
+        help="shares of the timestamps for training, validation and test, in time order "
+        "(default: 0.7,0.15,0.15)",
+    )
+    roles.add_argument(
+        "--timezone",
+        metavar="ZONE",
+        help="whose clock times written without a zone are on, e.g. America/Chicago (default: "
+        "Parquet timestamps without one are UTC; text without one must say)",
+    )
+    roles.add_argument(
+        "--timestamp-unit",
+        choices=("s", "ms", "us", "ns"),
+        help="unit of integer epoch timestamps (default: inferred from their size)",
     )
     roles.add_argument(
         "--known-columns",

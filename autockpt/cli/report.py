@@ -15,6 +15,18 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from tft.data.column_table import ColumnUse
+    from tft.data.windows import WindowedData
+
+
+def split_line(split: tuple[float, float, float], data: WindowedData) -> str:
+    """The split the run trains, validates and tests on: each part's share of the timestamps
+    and its windows (``--split``)."""
+    windows = (len(data.train), len(data.validation), len(data.test))
+    shown = ", ".join(
+        f"{name} {share:.0%} ({count:,} windows)"
+        for name, share, count in zip(("train", "validation", "test"), split, windows, strict=True)
+    )
+    return f"split:         {shown} of the timestamps, in time order (--split)"
 
 
 def print_columns(console: Console, columns: list[ColumnUse]) -> None:
@@ -65,6 +77,14 @@ def _names(group: list[ColumnUse]) -> str:
     return f"{group[0].name}, {group[1].name}, ... {group[-1].name} ({len(group)} columns)"
 
 
-def columns_record(columns: list[ColumnUse]) -> dict[str, object]:
-    """The column table as one JSON-able record (``--quiet`` prints it as a line)."""
-    return {"kind": "columns", "columns": [column.model_dump(mode="json") for column in columns]}
+def columns_record(
+    columns: list[ColumnUse], split: tuple[float, float, float], data: WindowedData
+) -> dict[str, object]:
+    """The column table and the split as one JSON-able record (``--quiet`` prints it as a
+    line)."""
+    windows = {"train": len(data.train), "validation": len(data.validation), "test": len(data.test)}
+    return {
+        "kind": "columns",
+        "columns": [column.model_dump(mode="json") for column in columns],
+        "split": {"shares": list(split), "windows": windows},
+    }

@@ -26,18 +26,24 @@ CONTRACTS = ("ESZ6", "NQZ6", "CLZ6")
 
 
 def write_export(
-    path: Path, *, minutes: int = 600, interleaved: bool = True, names: bool = False
+    path: Path,
+    *,
+    minutes: int = 600,
+    interleaved: bool = True,
+    names: bool = False,
+    times_as: str = "timestamp",
 ) -> Path:
     """Three contracts' one-minute bars as an export writes them: by time, contract by
     contract within a minute (``interleaved``), or contract after contract. ``names`` adds a
-    ``name`` column, one to one with the ticker but in another order."""
+    ``name`` column, one to one with the ticker but in another order. ``times_as``: the times
+    as a Parquet ``timestamp``, ``text`` on the exchange's clock (no zone), or epoch ``ms``."""
     rng = np.random.default_rng(0)
     times = np.datetime64("2026-03-02T14:30", "ns") + np.arange(minutes) * np.timedelta64(1, "m")
     tables = []
     for number, ticker in enumerate(CONTRACTS):
         close = (100.0 + 50 * number) * np.exp(np.cumsum(rng.normal(0, 5e-4, minutes)))
         columns = {
-            "ts": pa.array(times),
+            "ts": _stored(times, times_as),
             "ticker": pa.array([ticker] * minutes),
             "o": close * (1 + rng.normal(0, 1e-4, minutes)),
             "h": close * 1.001,
@@ -56,6 +62,15 @@ def write_export(
         table = table.take(pa.array(order))
     pq.write_table(table, path)
     return path
+
+
+def _stored(times: np.ndarray, kind: str) -> pa.Array:
+    if kind == "text":  # Chicago's clock in March 2026 (CST, UTC-6, until the 8th)
+        local = times - np.timedelta64(6, "h")
+        return pa.array([str(t.astype("datetime64[s]")).replace("T", " ") for t in local])
+    if kind == "ms":
+        return pa.array(times.astype(np.int64) // 10**6)
+    return pa.array(times)
 
 
 def test_the_export_runs_on_the_second_try_with_the_one_flag_it_lacks(
@@ -136,3 +151,54 @@ def test_contracts_one_after_another_past_the_sample_say_to_name_the_symbol(
     assert "is earlier than row" in message
     assert "the file's text columns: ticker, session" in message
     assert message.index("--symbol-column") < message.index("sort the file")
+
+
+@pytest.mark.parametrize("times_as", ["text", "ms"])
+def test_times_as_text_or_epochs_plan_and_text_asks_for_its_zone(
+    tmp_path: Path, times_as: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_export(tmp_path / "mybars.parquet", times_as=times_as)
+    roles = ["--timestamp-column", "ts", "--target", "c"]
+    if times_as == "text":
+        assert main(["plan", str(data), *PLAN, *roles]) == 2
+        err = capsys.readouterr().err
+        assert_one_line(err)
+        assert "timestamp column 'ts' is text with no time zone" in err
+        assert "--timezone ZONE" in err
+        roles += ["--timezone", "America/Chicago"]
+    assert main(["plan", str(data), *PLAN, *roles, "--quiet"]) == 0
+    shown = json.loads(capsys.readouterr().out.splitlines()[0])
+    note = next(c["note"] for c in shown["columns"] if c["name"] == "ts")
+    read = "epoch milliseconds" if times_as == "ms" else "ISO 8601 text, on America/Chicago's"
+    assert note.startswith(read), note
+
+
+def test_the_split_is_the_users_and_is_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_export(tmp_path / "mybars.parquet")
+    args = ["plan", str(data), *PLAN, "--target", "c"]
+    assert main([*args, "--split", "0.8,0.1,0.1", "--quiet"]) == 0
+    split = json.loads(capsys.readouterr().out.splitlines()[0])["split"]
+    assert split["shares"] == [0.8, 0.1, 0.1]
+    default = main([*args, "--quiet"])
+    assert default == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["split"]["shares"] == [
+        0.7,
+        0.15,
+        0.15,
+    ]
+    windows = split["windows"]
+    assert windows["train"] > 0.75 * sum(windows.values())
+    assert main(args) == 0
+    assert "split:         train 70% (" in capsys.readouterr().out
+
+    assert main([*args, "--split", "0.5,0.1,0.1"]) == 2
+    err = capsys.readouterr().err
+    assert_one_line(err)
+    assert "--split" in err and "add up to 1" in err
+    # Too short a test part for one window: the message names the flag that fixes it.
+    assert main([*args, "--split", "0.99,0.009,0.001"]) == 2
+    err = capsys.readouterr().err
+    assert_one_line(err)
+    assert "give the validation split a larger share (--split TRAIN,VAL,TEST" in err

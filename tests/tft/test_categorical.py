@@ -258,4 +258,9 @@ def test_the_planner_plans_the_categorical_inputs_and_keeps_every_gradient() -> 
     torch.testing.assert_close(loss, want_loss)
     assert got.keys() == want.keys()
     for name in want:
-        torch.testing.assert_close(got[name], want[name], msg=lambda m, n=name: f"{n}: {m}")
+        # Chunks or micro-batches (the plan depends on the machine's timing) add a gradient up
+        # in another order: float32 sums agree to a few units in the sixth digit (a norm's bias
+        # gradient near 36 differed by 6e-5 once), not to assert_close's default of 1.3e-6.
+        torch.testing.assert_close(
+            got[name], want[name], rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}"
+        )

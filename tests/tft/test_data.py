@@ -301,10 +301,16 @@ BAD_INPUTS = {
         {},
         "no timestamp column 'timestamp'.*ColumnRoles\\(timestamp=",
     ),
-    "timestamp not a time": (
+    "timestamp integers no epoch": (
         _write_table(_minute_table(timestamp=np.arange(60))),
         {},
-        "'timestamp' has type int64, not a timestamp",
+        r"'timestamp' holds integers \(0 ... 59\) that are no epoch .* --timestamp-unit",
+    ),
+    "timestamp not a time": (
+        _write_table(_minute_table(timestamp=np.arange(60) + 0.5)),
+        {},
+        "'timestamp' has type double: store times as a Parquet timestamp, ISO 8601 text or "
+        "integer epochs",
     ),
     "no target": (
         _write_table(_minute_table().drop_columns(["close"])),
@@ -329,17 +335,17 @@ BAD_INPUTS = {
     "NaN feature": (
         _write_table(_minute_table(feature=NAN_AT_7)),
         {},
-        "column 'feature' is null/NaN at row 7",
+        r"column 'feature' is null/NaN or infinite at 1 rows, the first row 7 \(null/NaN\)",
     ),
     "inf feature": (
         _write_table(_minute_table(feature=INF_AT_9)),
         {},
-        "column 'feature' is inf at row 9",
+        r"column 'feature' is null/NaN or infinite at 1 rows, the first row 9 \(inf\)",
     ),
     "null target": (
         _write_table(_minute_table(close=pa.array([100.0] * 10 + [None] + [101.0] * 49))),
         {},
-        "column 'close' is null/NaN at row 10",
+        r"column 'close' is null/NaN or infinite at 1 rows, the first row 10 \(null/NaN\)",
     ),
     "duplicate times": (
         _write_table(_minute_table(timestamp=SAME_TIMES)),
@@ -359,7 +365,7 @@ BAD_INPUTS = {
     "too few rows in a split": (
         _write_table(_minute_table()),
         {"encoder_length": 4, "horizon": 2, "split_fractions": (0.8, 0.1, 0.1)},
-        "the validation split has no full window: one needs 6.*larger fraction",
+        "the validation split has no full window: one needs 6.*larger share \\(--split TRAIN,VAL,TEST",
     ),
     "non-positive price": (
         _write_table(_minute_table(close=np.where(np.arange(60) == 4, -1.0, 100.0))),

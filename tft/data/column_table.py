@@ -74,7 +74,11 @@ def column_table(
         use: dict[str, Any]
         if role == "timestamp":
             calendar = f"gives {len(CALENDAR_INPUTS)} known calendar inputs"
-            use = {"kind": "time", "note": f"{calendar} (UTC minute of the day, day of the week)"}
+            read = _times_read_as(field.type, roles)
+            use = {
+                "kind": "time",
+                "note": f"{read}; {calendar} (UTC minute of the day, day of the week)",
+            }
         elif role == "symbol":
             use = {
                 "kind": "symbol",
@@ -108,3 +112,14 @@ def _unused_reason(field: pa.Field, roles: ColumnRoles) -> str:
     if not _usable(field.type):
         return unusable_reason(field.type)
     return "not listed as known, observed or static"
+
+
+def _times_read_as(kind: pa.DataType, roles: ColumnRoles) -> str:
+    """How the timestamp column's values were read (NOTE [Timestamps as exports store them])."""
+    zone = f"on {roles.timezone}'s clock" if roles.timezone else "in UTC"
+    if pa.types.is_integer(kind):
+        units = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
+        return f"epoch {units[roles.timestamp_unit or 'ns']}"
+    if pa.types.is_timestamp(kind):
+        return "times with their zone" if kind.tz else f"times without a zone, {zone}"
+    return f"ISO 8601 text, {zone} where a time has no offset"

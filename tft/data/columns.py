@@ -40,6 +40,8 @@ ROLE_FLAGS = {
     "static": "--static-columns",
     "categorical": "--categorical-columns",
     "ignore": "--ignore-columns",
+    "timezone": "--timezone",
+    "timestamp_unit": "--timestamp-unit",
 }
 
 
@@ -63,7 +65,13 @@ class ColumnRoles(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     timestamp: str = "timestamp"
-    """Timestamp column (a Parquet timestamp; naive times are read as UTC)."""
+    """Timestamp column: a Parquet timestamp, ISO 8601 text or integer epochs (NOTE
+    [Timestamps as exports store them] in tft.data.timestamps)."""
+    timezone: str | None = None
+    """Whose clock times written without a zone are on (``America/Chicago``); None reads a
+    Parquet timestamp without one as UTC and refuses text without one."""
+    timestamp_unit: Literal["s", "ms", "us", "ns"] | None = None
+    """The unit of integer epochs; None infers it from their size."""
     symbol: str | None = None
     """Symbol column (string, dictionary or integer); None uses a column named "symbol" if any."""
     target: str = "close"
@@ -183,13 +191,7 @@ def _resolve_roles(
                 f"convert it or leave it out of {how_to_name(option)}",
             )
 
-    if not pa.types.is_timestamp(field(roles.timestamp, "timestamp", "timestamp").type):
-        kind = schema.field(roles.timestamp).type
-        raise _error(
-            path,
-            f"timestamp column '{roles.timestamp}' has type {kind}, not a timestamp; "
-            f"store it as a Parquet timestamp or name another column with {how_to_name('timestamp')}",
-        )
+    field(roles.timestamp, "timestamp", "timestamp")  # its type: tft.data.timestamps
     symbol = roles.symbol
     if symbol is not None and not _is_symbol_type(field(symbol, "symbol", "symbol").type):
         raise _error(
@@ -349,20 +351,6 @@ def _iso(time_ns: int) -> str:
     return str(np.datetime64(int(time_ns), "ns"))
 
 
-def _timestamps(path: Path, table: pa.Table, name: str) -> np.ndarray:
-    column = table[name]
-    if column.null_count:
-        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-        raise _error(path, f"timestamp column '{name}' is empty at row {row}; drop that row")
-    try:
-        as_ns = column.cast(pa.timestamp("ns", tz=column.type.tz))
-    except pa.ArrowInvalid:
-        raise _error(
-            path, f"timestamp column '{name}' has times outside 1678-2261; drop those rows"
-        ) from None
-    return as_ns.cast(pa.int64()).to_numpy()
-
-
 def _symbol_codes(
     path: Path, table: pa.Table, name: str | None, known_symbols: list[str] | None
 ) -> tuple[np.ndarray, list[str]]:
@@ -424,20 +412,28 @@ def _check_order(
     )
 
 
-def _check_finite(path: Path, name: str, values: np.ndarray, file_rows: np.ndarray) -> None:
+def _check_finite(
+    path: Path, name: str, values: np.ndarray, file_rows: np.ndarray, *, whole: bool = True
+) -> None:
+    """Every value finite, else one line with how many are not and the first such row.
+    ``whole``: ``values`` are the file's rows, not one chunk of them (the count says which)."""
     finite = np.isfinite(values)
     if finite.all():
         return
-    if not finite.any():
+    if not finite.any() and whole:
         raise _error(
             path,
             f"column '{name}' has no finite value (all null/NaN); drop the column or list the "
             f"columns to use in {how_to_name('observed')}",
         )
-    row = int(file_rows[np.argmin(finite)])
-    value = values[np.argmin(finite)]
+    bad = np.flatnonzero(~finite)
+    first = bad[np.argmin(file_rows[bad])]
+    value = values[first]
+    shown = "null/NaN" if np.isnan(value) else str(value)
+    where = "rows" if whole else "rows of the chunk read with it"
     raise _error(
         path,
-        f"column '{name}' is {'null/NaN' if np.isnan(value) else value} at row {row}; "
-        "fill or drop that row (NaN and inf are not accepted)",
+        f"column '{name}' is null/NaN or infinite at {len(bad):,} {where}, the first row "
+        f"{int(file_rows[first])} ({shown}); fill or drop those rows (NaN and inf are not "
+        "accepted)",
     )

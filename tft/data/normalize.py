@@ -159,9 +159,12 @@ def _transform_target(
     values: np.ndarray,
     first_of_symbol: np.ndarray,
     file_rows: np.ndarray,
+    *,
+    whole: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(transformed target for the kept rows, kept-row mask)."""
-    _check_finite(path, name, values, file_rows)
+    """(transformed target for the kept rows, kept-row mask); ``whole``: the file's rows, not
+    one chunk of them."""
+    _check_finite(path, name, values, file_rows, whole=whole)
     if transform == "none":
         return values, np.ones(len(values), dtype=bool)
     if transform == "log_return":

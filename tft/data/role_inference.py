@@ -2,10 +2,12 @@
 
 NOTE [Roles the file settles]
 A trader's export rarely uses this project's default names (``timestamp``, ``symbol``,
-``close``). Two roles can be read off the file without guessing:
+``close``). Three things can be read off the file without guessing:
 
 - the timestamp: where no column has the default name and the user named none, the one
   column stored as a Parquet timestamp is it (two or more: the user must choose);
+- the unit of integer epochs (NOTE [Timestamps as exports store them]), from the smallest and
+  largest times the file's statistics give;
 - the symbol: where the user named none and no column is called ``symbol``, the timestamps of
   the first ``SAMPLE_ROWS`` rows repeat (several instruments interleaved by time), and exactly
   one text column has a value of its own on every row of a repeated timestamp, that column
@@ -23,6 +25,7 @@ A role the user named is never replaced: only defaults are.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +42,7 @@ from tft.data.columns import (
     _usable,
     how_to_name,
 )
+from tft.data.timestamps import epoch_unit, timestamp_type_problem
 
 __all__ = ["SAMPLE_ROWS", "infer_roles", "symbol_hint"]
 
@@ -55,13 +59,19 @@ def infer_roles(path: Path, schema: pa.Schema, roles: ColumnRoles) -> ColumnRole
             with its flag and ``ColumnRoles`` argument; or timestamps that repeat with several
             text columns that could each be the symbol.
     """
-    update: dict[str, str] = {}
+    update: dict[str, Any] = {}
     named = roles.model_fields_set
     if "timestamp" not in named and roles.timestamp not in schema.names:
         stamped = [f.name for f in schema if pa.types.is_timestamp(f.type)]
         if len(stamped) == 1:
             update["timestamp"] = stamped[0]
     timestamp = update.get("timestamp", roles.timestamp)
+    if (
+        roles.timestamp_unit is None
+        and timestamp in schema.names
+        and pa.types.is_integer(schema.field(timestamp).type)
+    ):
+        update["timestamp_unit"] = epoch_unit(path, _first_and_last(path, timestamp), timestamp)
     has_symbol = "symbol" in schema.names and _is_symbol_type(schema.field("symbol").type)
     if "symbol" not in named and not has_symbol and timestamp in schema.names:
         symbol = _symbol_by_repeats(path, schema, timestamp, roles)
@@ -137,6 +147,24 @@ def _same_groups(sample: pa.Table, first: str, other: str) -> bool:
     return groups([first]) == groups([other]) == groups([first, other])
 
 
+def _first_and_last(path: Path, name: str) -> pa.ChunkedArray:
+    """The smallest and largest values of an integer column, from the file's statistics where
+    it keeps them, else from its first rows."""
+    parquet = pq.ParquetFile(path)
+    index = parquet.schema_arrow.get_field_index(name)
+    ends: list[int] = []
+    for group in range(parquet.metadata.num_row_groups):
+        stats = parquet.metadata.row_group(group).column(index).statistics
+        if stats is None or not stats.has_min_max:
+            ends = []
+            break
+        ends += [stats.min, stats.max]
+    if not ends:
+        first = next(parquet.iter_batches(batch_size=SAMPLE_ROWS, columns=[name]))[0]
+        ends = [v for v in (first[0].as_py(), first[-1].as_py()) if v is not None]
+    return pa.chunked_array([pa.array([min(ends), max(ends)], pa.int64())])
+
+
 def _check_named_columns(path: Path, schema: pa.Schema, roles: ColumnRoles) -> None:
     problems: list[str] = []
 
@@ -148,12 +176,9 @@ def _check_named_columns(path: Path, schema: pa.Schema, roles: ColumnRoles) -> N
         return True
 
     if not lacking(roles.timestamp, "timestamp", "timestamp"):
-        kind = schema.field(roles.timestamp).type
-        if not pa.types.is_timestamp(kind):
-            problems.append(
-                f"timestamp column '{roles.timestamp}' has type {kind}, not a timestamp: store "
-                f"it as a Parquet timestamp or name another with {how_to_name('timestamp')}"
-            )
+        problem = timestamp_type_problem(roles.timestamp, schema.field(roles.timestamp).type)
+        if problem is not None:
+            problems.append(problem)
     if roles.symbol is not None and not lacking(roles.symbol, "symbol", "symbol"):
         kind = schema.field(roles.symbol).type
         if not _is_symbol_type(kind):

@@ -64,7 +64,12 @@ def too_short(
     path: Path, split: str | None, longest: int, encoder_length: int, horizon: int
 ) -> DataError:
     where = "the file" if split is None else f"the {split} split"
-    way_out = "" if split is None else f", give the {split} split a larger fraction"
+    way_out = (
+        ""
+        if split is None
+        else f", give the {split} split a larger share (--split TRAIN,VAL,TEST; "
+        "split_fractions in load_windows)"
+    )
     return _error(
         path,
         f"{where} has no full window: one needs {encoder_length + horizon} consecutive rows of "

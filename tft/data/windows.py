@@ -73,7 +73,6 @@ from tft.data.columns import (
     _resolve_roles,
     _roles_difference,
     _symbol_codes,
-    _timestamps,
     _usable,
 )
 from tft.data.normalize import Normalizer, _transform_target
@@ -81,6 +80,7 @@ from tft.data.role_inference import infer_roles, symbol_hint
 from tft.data.row_files import RowFiles
 from tft.data.rows import InputEncoder, Rows
 from tft.data.splits import split_cuts, split_labels, split_windows, too_short, window_starts
+from tft.data.timestamps import read_times
 from tft.errors import ConfigError
 
 __all__ = [
@@ -340,7 +340,7 @@ def load_windows(
     if normalizer is not None and roles != normalizer.roles:
         raise _error(path, _roles_difference(roles, normalizer.roles))
 
-    time_ns = _timestamps(path, table, roles.timestamp)
+    time_ns = read_times(path, table[roles.timestamp], roles)
     codes, symbols = _symbol_codes(
         path, table, roles.symbol, normalizer.symbols if normalizer else None
     )

@@ -84,6 +84,14 @@ class TrainConfig(BaseModel):
     """column naming the instrument; unset uses the data module's default (symbol)."""
     timestamp_column: str | None = None
     """column of bar times; unset uses the data module's default (timestamp)."""
+    split: tuple[float, float, float] = (0.7, 0.15, 0.15)
+    """shares of the distinct timestamps for the train, validation and test rows, in time
+    order: three numbers >= 0 (train > 0) that add up to 1."""
+    timezone: str | None = None
+    """whose clock times written without a zone are on (America/Chicago); unset reads Parquet
+    timestamps without one as UTC and refuses text without one."""
+    timestamp_unit: Literal["s", "ms", "us", "ns"] | None = None
+    """the unit of integer epoch timestamps; unset infers it from their size."""
     known_columns: tuple[str, ...] | None = None
     """columns known in advance (a holiday flag, the session); calendar features are added anyway."""
     observed_columns: tuple[str, ...] | None = None
@@ -161,6 +169,19 @@ class TrainConfig(BaseModel):
     def _fraction(cls, value: float | None) -> float | None:
         if value is not None and not 0.0 <= value < 1.0:
             raise ValueError("must be in [0, 1)")
+        return value
+
+    @field_validator("split")
+    @classmethod
+    def _shares(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
+        if not (
+            all(math.isfinite(share) and share >= 0 for share in value)
+            and value[0] > 0
+            and math.isclose(sum(value), 1.0, abs_tol=1e-6)
+        ):
+            raise ValueError(
+                "must be three shares >= 0, train > 0, that add up to 1; write it like 0.8,0.1,0.1"
+            )
         return value
 
     @field_validator("preset")

@@ -90,6 +90,8 @@ def column_roles(config: TrainConfig) -> ColumnRoles:
         "target_transform": config.target_transform,
         "symbol": config.symbol_column,
         "timestamp": config.timestamp_column,
+        "timezone": config.timezone,
+        "timestamp_unit": config.timestamp_unit,
         "known": config.known_columns,
         "observed": config.observed_columns,
         "static": config.static_columns,

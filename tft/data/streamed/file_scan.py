@@ -45,11 +45,11 @@ from tft.data.columns import (
     _read_schema,
     _resolve_roles,
     _symbol_codes,
-    _timestamps,
     check_symbols_known,
 )
 from tft.data.normalize import Scale, _transform_target
 from tft.data.role_inference import symbol_hint
+from tft.data.timestamps import read_times
 
 __all__ = ["ChunkRows", "FileLayout", "RowWalker", "fit_statistics", "read_chunks", "scan_layout"]
 
@@ -150,7 +150,7 @@ class RowWalker:
     def rows(self, first_row: int, table: pa.Table) -> ChunkRows:
         """The chunk's kept rows; raises DataError for bad order or a bad target value."""
         path, roles = self.path, self.roles
-        time_ns = _timestamps(path, table, roles.timestamp)
+        time_ns = read_times(path, table[roles.timestamp], roles, first_row)
         codes = self._codes(table)
         price = _float_column(table, roles.target)
         n = table.num_rows
@@ -172,7 +172,13 @@ class RowWalker:
         if differenced:
             first_of_symbol = np.concatenate([[True], ext_codes[1:] != ext_codes[:-1]])
             target, keep = _transform_target(
-                path, roles.target, roles.target_transform, ext_price, first_of_symbol, ext_file
+                path,
+                roles.target,
+                roles.target_transform,
+                ext_price,
+                first_of_symbol,
+                ext_file,
+                whole=False,
             )
             # Only a carried row can be a kept row's predecessor, never kept itself.
             target = target[real[keep]]
@@ -185,6 +191,7 @@ class RowWalker:
                 ext_price[real],
                 np.zeros(int(real.sum()), dtype=bool),
                 ext_file[real],
+                whole=False,
             )
             keep = real.copy()
         last = np.flatnonzero(np.concatenate([ext_codes[1:] != ext_codes[:-1], [True]]))
@@ -413,7 +420,7 @@ def fit_statistics(
         target.add(rows.target[training], index)
         for name in reals:
             values = rows.take(table, name)
-            _check_finite(path, name, values, rows.file_rows)
+            _check_finite(path, name, values, rows.file_rows, whole=False)
             moments[name].add(values[training], index)
         if categorical and training.any():
             picked = pa.array(rows.local[training])

@@ -323,7 +323,7 @@ def _write_rows(
             for out, names in ((observed[:, 1:], observed_reals), (known, known_reals)):
                 for j, name in enumerate(names):
                     values = rows.take(table, name)
-                    _check_finite(path, name, values, rows.file_rows)
+                    _check_finite(path, name, values, rows.file_rows, whole=False)
                     out[:, j] = normalizer.reals[name].apply(values, index)
             known[:, len(known_reals) :] = _calendar(rows.time_ns)
             codes = {}
