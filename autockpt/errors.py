@@ -74,3 +74,20 @@ def describe_error(error: BaseException) -> str:
     """``"TypeName: first line of the message"``, for a one-line note or error."""
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def warn_at_the_callers_line(message: str) -> None:
+    """Warn with ``message`` as raised at the first line outside this package: the user's call
+    (``autockpt.plan(...)``, a Lightning or Trainer hook), not a line inside the planner, which
+    a fixed ``stacklevel`` names whenever the path to the warning changes."""
+    import os
+    import sys
+    import warnings
+    from types import FrameType
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    level = 2  # stacklevel 2 is the caller of this function
+    frame_: FrameType | None = sys._getframe(1)
+    while frame_ is not None and os.path.abspath(frame_.f_code.co_filename).startswith(package):
+        level, frame_ = level + 1, frame_.f_back
+    warnings.warn(message, stacklevel=level)

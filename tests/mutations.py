@@ -814,6 +814,22 @@ MUTATIONS = (
         ("tests/cli/test_first_hour.py",),
     ),
     Mutation(
+        "predict-reports-no-progress",
+        "predict forecasts every window without telling its progress callback",
+        "autockpt/training/forecasts/predict.py",
+        "                progress(done, len(windows))\n",
+        "                pass\n",
+        ("tests/cli/test_cli.py",),
+    ),
+    Mutation(
+        "warning-at-a-line-inside-the-planner",
+        "the forced plan's over-budget warning names a line inside autockpt, not the user's call",
+        "autockpt/errors.py",
+        "    while frame_ is not None and os.path.abspath(frame_.f_code.co_filename).startswith(package):\n",
+        "    while False:\n",
+        ("tests/planner/test_plan.py",),
+    ),
+    Mutation(
         "cache-not-put-back-for-recompute",
         "a link that writes the cache it is given recomputes with the cache as backward finds "
         "it (every layer's keys in it), not as its forward did",

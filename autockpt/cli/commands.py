@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from autockpt import format_bytes, parse_budget
+from autockpt.cli.console import windows_progress
 from autockpt.cli.importance import plot_importance, print_importance
 from autockpt.cli.parser import comma_list, overrides
 from autockpt.cli.plot import PLAN_PICTURE, check_plot_available, plot_available, plot_plan
@@ -227,14 +228,16 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
     """Write a trained run's quantile forecasts for a data file."""
     from autockpt.training.forecasts.predict import predict
 
-    result = predict(
-        args.run,
-        args.data,
-        args.output,
-        device=args.device or "auto",
-        batch_size=args.batch_size,
-        max_host_memory=args.max_host_memory,
-    )
+    with windows_progress(console, "forecasting") as progress:
+        result = predict(
+            args.run,
+            args.data,
+            args.output,
+            device=args.device or "auto",
+            batch_size=args.batch_size,
+            max_host_memory=args.max_host_memory,
+            progress=progress,
+        )
     console.print(
         f"wrote {result.num_rows:,} forecasts ({result.num_windows:,} windows x horizon "
         f"{result.horizon}) to {result.path}"
@@ -266,13 +269,15 @@ def cmd_interpret(args: argparse.Namespace, console: Console) -> int:
         if value is not None and value < 1:
             raise ConfigError(f"{flag} {value} is not a positive count; give 1 or more")
     check_plot_available(args.plot)
-    result = interpret(
-        args.run,
-        args.data,
-        device=args.device or "auto",
-        batch_size=args.batch_size,
-        max_windows=args.max_windows,
-    )
+    with windows_progress(console, "reading the model's weights") as progress:
+        result = interpret(
+            args.run,
+            args.data,
+            device=args.device or "auto",
+            batch_size=args.batch_size,
+            max_windows=args.max_windows,
+            progress=progress,
+        )
     print_importance(console, result)
     if args.json is not None:
         # Not sorted by key: each group keeps its order, highest weight first.

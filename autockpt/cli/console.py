@@ -9,10 +9,13 @@ its natural width, each row on one line, and no line is wrapped.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
 #: The width when stdout is not a terminal: wider than any line the commands print. Tables,
 #: progress bars and text size themselves to their content, so nothing is padded to it.
@@ -35,3 +38,25 @@ def make_console() -> Console:
     """A console on stdout: the terminal's width there, :data:`UNCROPPED_WIDTH` elsewhere."""
     width = None if writes_to_terminal(sys.stdout) else UNCROPPED_WIDTH
     return Console(highlight=False, width=width)
+
+
+@contextlib.contextmanager
+def windows_progress(
+    console: Console, description: str
+) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar over windows for a long command (``predict``, ``interpret``): yields the
+    ``(windows done, windows in all)`` callback the library calls after each batch, or None
+    where stdout is not a terminal (a file, a pipe, a test), which gets no bar."""
+    if not writes_to_terminal(sys.stdout):
+        yield None
+        return
+    columns = (BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(
+        *Progress.get_default_columns()[:1], *columns, console=console, transient=True
+    ) as bar:
+        task = bar.add_task(description, total=None)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield advance

@@ -9,7 +9,6 @@ It reads the budget, plans the step of one process (:mod:`autockpt.planner.pipel
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Sequence
 
 import torch
@@ -20,6 +19,7 @@ from autockpt.errors import (
     InfeasibleBudgetError,
     PlanningError,
     describe_error,
+    warn_at_the_callers_line,
 )
 from autockpt.planner.compiled_search import MAX_COMPILES, plan_compiled
 from autockpt.planner.core.decisions import Parallelism
@@ -220,11 +220,10 @@ def plan(
 
 
 def _warn_eval_mode(model: torch.nn.Module) -> None:
-    warnings.warn(
+    warn_at_the_callers_line(
         f"{type(model).__name__} is in eval mode; autockpt.plan measures its training step "
         "as it trains (after model.train()) and leaves it in eval mode "
-        "(NOTE [Modes and the traced graph])",
-        stacklevel=3,
+        "(NOTE [Modes and the traced graph])"
     )
 
 

@@ -65,12 +65,12 @@ budget first (``context_bytes`` and ``headroom_bytes`` in the breakdown).
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from autockpt.errors import warn_at_the_callers_line
 from autockpt.planner.core.decisions import Parallelism
 from autockpt.planner.core.step_budget import StepBudget
 from autockpt.planner.core.units import format_bytes
@@ -170,10 +170,10 @@ def plan_one_process(
             message = (
                 f"use_gradient_checkpointing={forced} predicts a peak of "
                 f"{format_bytes(budget.shown_bytes(chosen.profile.peak_bytes))}, over the "
-                f"budget {budget.read.text}; let the planner decide "
+                f"budget of {format_bytes(budget.read.bytes)}; let the planner decide "
                 "(use_gradient_checkpointing=None)"
             )
-            warnings.warn(message, stacklevel=4)
+            warn_at_the_callers_line(message)
             notes.append(message)
     else:
         if kept.peak_bytes <= usable_bytes:

@@ -433,3 +433,36 @@ def test_resume_of_an_incompatible_run(
     assert_one_line(err)
     assert folder_snapshot(trained_run) == before
     assert not any(name.endswith(".tmp") for name in os.listdir(trained_run))
+
+
+def test_predict_and_interpret_report_progress_by_windows(
+    trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    from autockpt.cli import console as console_module
+    from autockpt.training.forecasts.interpret import interpret
+    from autockpt.training.forecasts.predict import predict
+
+    bars = tmp_path / "bars.parquet"
+    assert main(["make-data", str(bars), "--days", "1", "--symbols", "ES,NQ", "--seed", "4"]) == 0
+    seen: list[tuple[int, int]] = []
+    result = predict(
+        trained_run,
+        bars,
+        tmp_path / "f.parquet",
+        batch_size=256,
+        progress=lambda *n: seen.append(n),
+    )
+    done = [d for d, _ in seen]
+    assert len(seen) > 2 and done == sorted(done)
+    assert seen[-1] == (result.num_windows, result.num_windows)
+    seen.clear()
+    interpret(trained_run, bars, batch_size=256, progress=lambda *n: seen.append(n))
+    assert len(seen) > 2 and seen[-1][0] == seen[-1][1]
+    # Not a terminal (captured): no bar in the output. A terminal: the bar, and the same result.
+    out = tmp_path / "g.parquet"
+    args = ["predict", str(trained_run), str(bars), "-o", str(out), "--batch-size", "256"]
+    code, stdout, _ = run_cli(args, capsys)
+    assert code == 0 and "forecasting" not in stdout
+    monkeypatch.setattr(console_module, "writes_to_terminal", lambda _file: True)
+    code, stdout, _ = run_cli(args, capsys)
+    assert code == 0 and f"{result.num_rows:,} forecasts" in stdout

@@ -272,8 +272,10 @@ def test_plan_round_trips_through_json_and_applies_from_it():
 def test_forced_modes_report_the_peak_and_warn_when_over_budget():
     model, inputs = _mlp()
     unplanned = _unplanned_peak(model, inputs)
-    with pytest.warns(UserWarning, match="over the budget"):
+    with pytest.warns(UserWarning, match="over the budget of [0-9.]+ [KM]iB") as warned:
         plan = autockpt.plan(model, inputs, unplanned // 2, use_gradient_checkpointing=False)
+    # Named in MiB, not bytes, and raised at this line: the user's call, not the planner's.
+    assert warned[0].filename == __file__
     assert not plan.fits
     assert plan.strategy == "checkpoint-none"
     with warnings.catch_warnings():

@@ -78,7 +78,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_map_only
 
-from autockpt.errors import TraceError, describe_error
+from autockpt.errors import TraceError, describe_error, warn_at_the_callers_line
 from autockpt.planner.core.batch_split import batch_size_of, take_samples
 from autockpt.planner.core.fake_copies import fake_copy, parameter_sharing_copy
 from autockpt.planner.core.fake_scalars import PlanningFakeMode
@@ -161,7 +161,7 @@ def trace_or_find_modules(
                 return traced
             descend, why = weigh_opaque(model, example_inputs, traced)
             if not descend or tracing == "fx":  # NOTE [Opaque submodules]
-                warnings.warn(why, stacklevel=5)
+                warn_at_the_callers_line(why)
                 return dataclasses.replace(traced, notes=(*traced.notes, why))
         except TraceError as error:
             why = f"torch.fx cannot trace {name} ({_one_line(error.__cause__ or error)})"
@@ -170,7 +170,7 @@ def trace_or_find_modules(
     if tracing == "fx":
         raise TraceError(f"{why}; tracing='fx' asked for no fallback")
     chain = find_module_chain(model, example_inputs, why=why)
-    warnings.warn(chain.note, stacklevel=5)
+    warn_at_the_callers_line(chain.note)
     return chain
 
 

@@ -21,6 +21,7 @@ what it found there is right: read them with the validation skill over the naive
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,7 @@ def interpret(
     device: str = "auto",
     batch_size: int | None = None,
     max_windows: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> InputImportance:
     """What the run's best model looked at over the windows of ``data``.
 
@@ -83,6 +85,8 @@ def interpret(
         run_dir: a run folder of ``autockpt train``.
         data: a Parquet file with the run's columns.
         max_windows: read at most this many windows, evenly spread (default: all).
+        progress: called after each batch with the windows read so far and the windows in
+            all (the command line draws a bar with it).
 
     Raises:
         RunError: the run folder is missing or damaged.
@@ -96,6 +100,7 @@ def interpret(
     sums: dict[str, torch.Tensor] = {}
     count = 0
     step = max(1, len(windows) // max_windows) if max_windows else 1
+    done = 0
     with torch.no_grad():
         for batch in iterate_batches(
             windows, batch_size or DEFAULT_BATCH_SIZE, shuffle=False, seed=0, drop_last=False
@@ -103,6 +108,9 @@ def interpret(
             if step > 1:
                 batch = type(batch)(*(t[::step] for t in batch))
             _, weights = model.interpret(*(t.to(resolved) for t in batch.inputs()))
+            done += len(batch.target) * step
+            if progress is not None:
+                progress(min(done, len(windows)), len(windows))
             encoder_steps = weights.encoder_weights.size(1)
             parts = {
                 "static": weights.static_weights.sum(0),

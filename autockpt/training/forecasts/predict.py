@@ -12,7 +12,7 @@ unknown category (a JSON object).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,6 +138,7 @@ def predict(
     device: str = "auto",
     batch_size: int | None = None,
     max_host_memory: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> PredictionResult:
     """Forecast every window of ``data`` with the run's best model and write Parquet atomically.
 
@@ -150,6 +151,8 @@ def predict(
         max_host_memory: the host memory the data may hold (unset: the run's setting); a
             larger file is streamed from a row cache, and the forecasts are written a row
             group at a time whatever the file's size.
+        progress: called after each batch with the windows forecast so far and the windows
+            in all (the command line draws a bar with it).
 
     Returns:
         The path and the number of rows and windows written.
@@ -192,6 +195,7 @@ def predict(
                 config,
                 scoring,
                 batch_size or DEFAULT_BATCH_SIZE,
+                progress,
             ):
                 metadata = {
                     **(table.schema.metadata or {}),
@@ -236,10 +240,15 @@ def _forecast_tables(
     config: TFTConfig,
     scoring: ForecastScores | None,
     batch_size: int,
+    progress: Callable[[int, int], None] | None,
 ) -> Iterator[pa.Table]:
     """Each batch's forecasts as a table of output rows, scored on the way when ``scoring``."""
+    done = 0
     with torch.no_grad():
         for batch in iterate_batches(windows, batch_size, shuffle=False, seed=0, drop_last=False):
+            done += len(batch.target)
+            if progress is not None:
+                progress(done, len(windows))
             inputs = tuple(t.to(device) for t in batch.inputs())
             prediction = model(*inputs).float().cpu()  # (B, H, Q)
             if scoring is not None:
