@@ -2,6 +2,7 @@
 
 >>> import autockpt
 >>> plan = autockpt.plan(model, (x,), budget="4GB")
+>>> print(autockpt.report(plan))  # the table ``autockpt plan`` prints
 >>> planned = autockpt.apply(model, plan)
 """
 
@@ -17,6 +18,7 @@ from autockpt.errors import (
     RunError,
     TraceError,
 )
+from autockpt.plan_report import report
 from autockpt.planner.apply import apply
 from autockpt.planner.core.decisions import Parallelism
 from autockpt.planner.core.memory_tracker import MemoryTracker, tensors_of
@@ -48,6 +50,7 @@ __all__ = [
     "format_bytes",
     "parse_budget",
     "plan",
+    "report",
     "tensors_of",
     "training_step",
 ]

@@ -15,6 +15,7 @@ is printed in full and every row on one line.
 
 from __future__ import annotations
 
+import io
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -29,6 +30,21 @@ if TYPE_CHECKING:
 def _bar(fraction: float, width: int = 12) -> str:
     filled = max(0, min(width, round(fraction * width)))
     return "█" * filled + "·" * (width - filled)
+
+
+def report(plan: Plan, *, width: int = 120) -> str:
+    """The plan as ``autockpt plan`` prints it (the segment table, the peak, its breakdown,
+    the step time and the notes), as plain text ``width`` characters wide.
+
+    Example::
+
+        plan = autockpt.plan(model, (x,), "4GB")
+        print(autockpt.report(plan))
+    """
+    text = io.StringIO()
+    console = Console(file=text, width=width, color_system=None, soft_wrap=True)
+    print_plan(console, plan, budget_given=True)
+    return text.getvalue()
 
 
 def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:

@@ -830,6 +830,22 @@ MUTATIONS = (
         ("tests/planner/test_plan.py",),
     ),
     Mutation(
+        "report-is-not-the-table",
+        "autockpt.report(plan) gives the plan's raw model, not the table the command line prints",
+        "autockpt/plan_report.py",
+        "    print_plan(console, plan, budget_given=True)\n",
+        "    console.print(repr(plan))\n",
+        ("tests/cli/test_report.py",),
+    ),
+    Mutation(
+        "warm-up-rows-kept",
+        "an indicator's leading NaNs per symbol are refused as bad data instead of dropped",
+        "tft/data/windows.py",
+        "    if warm.any():  # NOTE [Warm-up rows]\n",
+        "    if False:\n",
+        ("tests/tft/test_warmup.py",),
+    ),
+    Mutation(
         "cache-not-put-back-for-recompute",
         "a link that writes the cache it is given recomputes with the cache as backward finds "
         "it (every layer's keys in it), not as its forward did",

@@ -51,6 +51,8 @@ def write_export(
             "c": close,
             "v": rng.integers(1, 900, minutes),
             "book_imb": rng.normal(0, 1, minutes),
+            # A 14-bar RSI per contract: no value for its first 13 bars (NOTE [Warm-up rows]).
+            "rsi_14": np.concatenate([np.full(13, np.nan), rng.uniform(20, 80, minutes - 13)]),
             "session": pa.array(["RTH" if m % 390 < 300 else "ETH" for m in range(minutes)]),
         }
         if names:
@@ -89,6 +91,8 @@ def test_the_export_runs_on_the_second_try_with_the_one_flag_it_lacks(
     shown = json.loads(capsys.readouterr().out.splitlines()[0])
     roles = {column["name"]: column["role"] for column in shown["columns"]}
     assert roles["ts"] == "timestamp" and roles["ticker"] == "symbol" and roles["c"] == "target"
+    rsi = next(column for column in shown["columns"] if column["name"] == "rsi_14")
+    assert rsi["role"] == "observed" and rsi["note"].startswith("36 warm-up rows")
 
 
 def test_every_role_the_file_lacks_is_named_at_once(
@@ -103,7 +107,7 @@ def test_every_role_the_file_lacks_is_named_at_once(
     for asked in ("--symbol-column COLUMN", "--target COLUMN", "--known-columns A,B"):
         assert asked in err
     assert err.index("--target") < err.index("ColumnRoles(target=")  # the flag first
-    assert "the file has ts, ticker, o, h, l, c, v, book_imb" in err
+    assert "the file has ts, ticker, o, h, l, c, v, book_imb, ... (10 in all)" in err
 
 
 def test_a_named_role_is_never_replaced_by_what_the_file_settles(tmp_path: Path) -> None:

@@ -45,3 +45,18 @@ def test_planning_s_own_peak_is_printed_beside_the_step_s(plan):
     assert plan.planning_peak_bytes > 0
     line = _line(plan.model_copy(update={"planning_peak_bytes": 3 * 2**20}), "planning:")
     assert "held 3.00 MiB at its peak" in line, line
+
+
+def test_the_library_gives_the_table_the_command_line_prints(plan):
+    text = autockpt.report(plan)
+    out = io.StringIO()
+    print_plan(
+        Console(file=out, width=120, color_system=None, soft_wrap=True), plan, budget_given=True
+    )
+    assert text == out.getvalue()
+    assert "\x1b[" not in text  # plain text, for a notebook or a log
+    for segment in plan.segments:
+        assert segment.name in text
+    assert "recomputed" in text and text.count("\n") > len(plan.segments)
+    peak = next(line for line in text.splitlines() if line.startswith("peak:"))
+    assert autockpt.format_bytes(plan.predicted_peak_bytes) in peak

@@ -58,8 +58,10 @@ def column_table(
     roles: ColumnRoles,
     normalizer: Normalizer,
     unknown_rows: dict[str, int],
+    warmup_rows: dict[str, int] | None = None,
 ) -> list[ColumnUse]:
-    """One :class:`ColumnUse` per column of the file, in file order (``roles`` resolved)."""
+    """One :class:`ColumnUse` per column of the file, in file order (``roles`` resolved);
+    ``warmup_rows``: each real input's warm-up rows dropped (NOTE [Warm-up rows])."""
     scaling = "per symbol" if roles.scaling == "per_symbol" else "global"
     role_of: dict[str, Role] = {roles.timestamp: "timestamp", roles.target: "target"}
     if roles.symbol is not None:
@@ -102,6 +104,11 @@ def column_table(
             }
         else:
             use = {"kind": "real", "scaling": scaling}
+            if (warmup := (warmup_rows or {}).get(name)) is not None:
+                use["note"] = (
+                    f"{warmup:,} warm-up rows (null/NaN at the start of a symbol's rows) "
+                    "dropped, with the windows that touch them"
+                )
         table.append(ColumnUse(name=name, type=str(field.type), role=role, **use))
     return table
 

@@ -81,6 +81,7 @@ from tft.data.row_files import RowFiles
 from tft.data.rows import InputEncoder, Rows
 from tft.data.splits import split_cuts, split_labels, split_windows, too_short, window_starts
 from tft.data.timestamps import read_times
+from tft.data.warmup import real_inputs, warmup_rows
 from tft.errors import ConfigError
 
 __all__ = [
@@ -358,6 +359,9 @@ def load_windows(
         file_rows,
     )
     time_ns, codes, file_rows = time_ns[keep], codes[keep], file_rows[keep]
+    warm, warmup_counts = warmup_rows(table, real_inputs(roles), file_rows, codes, len(symbols))
+    if warm.any():  # NOTE [Warm-up rows]
+        time_ns, codes, file_rows, target = (a[~warm] for a in (time_ns, codes, file_rows, target))
     symbol_bounds = np.searchsorted(codes, np.arange(len(symbols) + 1))
 
     window = (encoder_length, horizon)
@@ -374,7 +378,9 @@ def load_windows(
     encoded = InputEncoder(path, table, roles, symbols, (file_rows, codes, labels == 0))
     rows, normalizer, unknown_rows = encoded.encode(target, time_ns, normalizer)
 
-    return windowed_data(rows, [*split_starts, whole], normalizer, schema, unknown_rows, window)
+    return windowed_data(
+        rows, [*split_starts, whole], normalizer, schema, unknown_rows, window, warmup_counts
+    )
 
 
 def windowed_data(
@@ -384,6 +390,7 @@ def windowed_data(
     schema: pa.Schema,
     unknown_rows: dict[str, int],
     window: tuple[int, int],
+    warmup_counts: dict[str, int] | None = None,
 ) -> WindowedData:
     """The windows of a file from its rows and the start rows of train, validation, test and
     the whole file; ``window`` is (encoder length, horizon)."""
@@ -404,7 +411,7 @@ def windowed_data(
         known_columns=[*roles.real_columns(roles.known), *CALENDAR_COLUMNS],
         encoder_length=encoder_length,
         horizon=horizon,
-        columns=column_table(schema, roles, normalizer, unknown_rows),
+        columns=column_table(schema, roles, normalizer, unknown_rows, warmup_counts),
     )
 
 
