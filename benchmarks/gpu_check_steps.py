@@ -97,7 +97,7 @@ class Check:
         log = self.out / "pytest_gpu.log"
         files = sorted(
             str(path.relative_to(REPO))
-            for path in (REPO / "tests").glob("test_*.py")
+            for path in (REPO / "tests").rglob("test_*.py")
             if "mark.gpu" in path.read_text(errors="replace")
         )
         if importlib.util.find_spec("pytest") is None:

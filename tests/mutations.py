@@ -749,7 +749,7 @@ MUTATIONS = (
         "distribution-checks-on-fake-tensors",
         "torch.distributions' argument checks stay on while the forward runs on fake tensors, so "
         "a model that builds a distribution in forward is measured on real copies",
-        "autockpt/planner/core/fake_scalars.py",
+        "autockpt/planner/core/fake_mode.py",
         "        torch.distributions.Distribution.set_default_validate_args(False)\n",
         "        pass\n",
         ("tests/planner/test_user_steps.py",),
@@ -758,10 +758,46 @@ MUTATIONS = (
         "distribution-checks-left-off",
         "planning leaves torch.distributions' argument checks off after it, so the user's own "
         "steps no longer check a distribution's arguments",
-        "autockpt/planner/core/fake_scalars.py",
+        "autockpt/planner/core/fake_mode.py",
         "            torch.distributions.Distribution.set_default_validate_args(self._checks_before.pop())\n",
         "            self._checks_before.pop()\n",
         ("tests/planner/test_user_steps.py",),
+    ),
+    Mutation(
+        "cudnn-rnn-backward-not-faked",
+        "planning's fake mode leaves cuDNN's RNN backward to torch, which runs the real kernel on "
+        "stand-ins and fails: no recurrent model plans on a GPU",
+        "autockpt/planner/core/fake_mode.py",
+        "        if func is _CUDNN_RNN_BACKWARD:  # NOTE [cuDNN's RNN on fake tensors]\n",
+        "        if False:\n",
+        ("tests/planner/core/test_cudnn_rnn_fake.py",),
+    ),
+    Mutation(
+        "cudnn-rnn-reserve-left-empty",
+        "cuDNN's reserve space is measured as torch's fake forward gives it, empty, so a "
+        "recurrent model's activations on a GPU are predicted short",
+        "autockpt/planner/core/fake_mode.py",
+        '            if bound["train"]:\n',
+        "            if False:\n",
+        ("tests/planner/core/test_cudnn_rnn_fake.py",),
+    ),
+    Mutation(
+        "validation-batch-whole",
+        "validation runs each batch whole without autograd, so a region the plan chunks makes "
+        "its whole batch's intermediates at once and the run goes over its budget",
+        "autockpt/training/forecasts/evaluate.py",
+        '    pieces, every_piece = setup.plan.inference_pieces, setup.parallelism == "fsdp"\n',
+        '    pieces, every_piece = 1, setup.parallelism == "fsdp"\n',
+        ("tests/training/test_validation_budget.py",),
+    ),
+    Mutation(
+        "inference-pieces-ignore-chunks",
+        "a plan's inference pieces count its micro-batches only, so validation runs a chunked "
+        "region's whole batch at once",
+        "autockpt/planner/plan_types.py",
+        "        return self.num_micro_batches * max(chunks, default=1)\n",
+        "        return self.num_micro_batches\n",
+        ("tests/training/test_validation_budget.py",),
     ),
     Mutation(
         "timestamp-not-settled-by-the-file",

@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_map_only
 
 from autockpt.errors import InfeasibleBudgetError, TraceError
 from autockpt.planner.core.fake_copies import fake_copy
-from autockpt.planner.core.fake_scalars import PlanningFakeMode
+from autockpt.planner.core.fake_mode import PlanningFakeMode
 from autockpt.planner.core.step_budget import StepBudget
 from autockpt.planner.core.units import format_bytes
 from autockpt.planner.measure.loss_positions import loss_over_positions

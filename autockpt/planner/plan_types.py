@@ -186,3 +186,20 @@ class Plan(BaseModel):
     def num_recomputed(self) -> int:
         """How many segments are recomputed."""
         return sum(segment.recomputed for segment in self.segments)
+
+    @property
+    def inference_pieces(self) -> int:
+        """Pieces to cut a batch into for a forward without autograd (validation, prediction)
+        to stay within this plan's peak: the step's micro-batches times its most chunked
+        segment or loss.
+
+        Under ``torch.no_grad()`` the planned module runs the model's own forward, whole: no
+        activation is kept, but a region the plan runs in chunks makes its whole batch's
+        intermediates at once, which can take more than the training step did. A batch of
+        ``batch_size / inference_pieces`` makes no intermediate larger than one of the step's
+        chunks and keeps nothing for backward, so its forward peaks no higher than the step.
+        """
+        chunks = [segment.num_chunks for segment in self.segments]
+        if self.loss_chunks is not None:
+            chunks.append(self.loss_chunks.num_chunks)
+        return self.num_micro_batches * max(chunks, default=1)

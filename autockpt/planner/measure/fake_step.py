@@ -33,7 +33,7 @@ from torch.utils.flop_counter import flop_registry
 
 from autockpt.planner.core.batch_split import batch_size_of, split_batch
 from autockpt.planner.core.decisions import SegmentAction
-from autockpt.planner.core.fake_scalars import FakeScalars
+from autockpt.planner.core.fake_mode import FakeScalars
 from autockpt.planner.core.memory_tracker import (
     MemoryTracker,
     RealSizeOracle,

@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autockpt.errors import TraceError
 from autockpt.planner.core.fake_copies import fake_copy, storages
-from autockpt.planner.core.fake_scalars import PlanningFakeMode
+from autockpt.planner.core.fake_mode import PlanningFakeMode
 from autockpt.planner.core.output_structure import (
     OutputStructure,
     RebuildingCodeGen,

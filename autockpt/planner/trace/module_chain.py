@@ -81,7 +81,7 @@ from torch.utils._pytree import tree_map_only
 from autockpt.errors import TraceError, describe_error, warn_at_the_callers_line
 from autockpt.planner.core.batch_split import batch_size_of, take_samples
 from autockpt.planner.core.fake_copies import fake_copy, parameter_sharing_copy
-from autockpt.planner.core.fake_scalars import PlanningFakeMode
+from autockpt.planner.core.fake_mode import PlanningFakeMode
 from autockpt.planner.core.memory_tracker import MemoryTracker, flat_tensors
 from autockpt.planner.trace.cut_points import SEGMENT_CROSSING_WEIGHT, RunCosts
 from autockpt.planner.trace.fx_graph import Segment, TracedModel, trace_model

@@ -24,7 +24,7 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 from autockpt.planner.core.fake_copies import fake_copy
-from autockpt.planner.core.fake_scalars import PlanningFakeMode
+from autockpt.planner.core.fake_mode import PlanningFakeMode
 from autockpt.planner.core.memory_tracker import MemoryTracker
 from autockpt.planner.trace.fx_graph import TracedModel
 

@@ -45,7 +45,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_map_only
 
 from autockpt.planner.core.fake_copies import fake_copy
-from autockpt.planner.core.fake_scalars import PlanningFakeMode
+from autockpt.planner.core.fake_mode import PlanningFakeMode
 from autockpt.planner.core.output_structure import RebuildingCodeGen
 from autockpt.planner.core.train_eval import training_mode
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
 import autockpt
-from autockpt.planner.core.fake_scalars import FakeScalars
+from autockpt.planner.core.fake_mode import FakeScalars
 
 
 def test_a_fake_tensor_reads_as_a_healthy_step_s_value_and_a_real_one_as_itself() -> None:
