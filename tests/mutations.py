@@ -800,6 +800,42 @@ MUTATIONS = (
         ("tests/training/test_validation_budget.py",),
     ),
     Mutation(
+        "test-windows-scored-by-the-last-epoch",
+        "the end of a run scores the test windows with the last epoch's weights, not the best "
+        "checkpoint's that predict uses",
+        "autockpt/training/forecasts/held_out.py",
+        "        model.load_state_dict(best)\n",
+        "        pass\n",
+        ("tests/training/test_train.py", "tests/training/test_held_out.py"),
+    ),
+    Mutation(
+        "predict-scores-the-whole-file-only",
+        "predict scores every window of the file as one, the ones the model trained on mixed "
+        "with the ones it never saw",
+        "autockpt/training/forecasts/scores_by_part.py",
+        '    cuts = saved.get("split_cuts_ns")\n',
+        "    cuts = None\n",
+        ("tests/training/test_baselines.py", "tests/cli/test_cli.py"),
+    ),
+    Mutation(
+        "predict-parts-by-the-last-forecast-bar",
+        "a window whose forecast bars straddle a split cut is put with the later part, so "
+        "windows partly trained on count as never seen",
+        "autockpt/training/forecasts/scores_by_part.py",
+        "        first_forecast = batch.decoder_time_ns[:, 0]\n",
+        "        first_forecast = batch.decoder_time_ns[:, -1]\n",
+        ("tests/training/test_baselines.py", "tests/training/test_scores_by_part.py"),
+    ),
+    Mutation(
+        "split-cut-never-when-test-is-empty",
+        "with no test share the test cut is the largest time there is, so predict counts a "
+        "later file's bars as validated on",
+        "tft/data/splits.py",
+        "        cuts.append(int(distinct_times[index]) if index < len(distinct_times) else after_the_file)\n",
+        "        cuts.append(int(distinct_times[index]) if index < len(distinct_times) else never)\n",
+        ("tests/training/test_scores_by_part.py",),
+    ),
+    Mutation(
         "timestamp-not-settled-by-the-file",
         "a file with one timestamp-typed column under another name is refused until the user "
         "names it",

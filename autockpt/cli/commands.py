@@ -29,6 +29,7 @@ from autockpt.errors import ConfigError, InfeasibleBudgetError
 from autockpt.plan_report import print_plan
 
 if TYPE_CHECKING:
+    from autockpt.training.forecasts.evaluate import Evaluation
     from autockpt.training.options.config import TrainConfig
     from autockpt.training.setup.prepare import Setup
     from autockpt.training.setup.runs import RunFolder
@@ -243,14 +244,15 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
         f"{result.horizon}) to {result.path}"
     )
     if result.evaluation is not None:
-        from autockpt.training.host.progress import naive_text
-
-        scores = result.evaluation
-        naive = {name: s.record() for name, s in scores.naive.items()}
-        console.print(
-            f"against the actuals (loss/MAE/RMSE): model {scores.loss:.4f}/{scores.mae:.4g}/"
-            f"{scores.rmse:.4g}{naive_text(naive, scores.skill)}"
-        )
+        # NOTE [Scores by what the model saw]: the whole file, then apart by part.
+        whole = f"all {result.num_windows:,} windows"
+        if not result.parts_known:
+            whole += " (the run kept no split times: trained-on windows not told apart)"
+        console.print("against the actuals (loss/MAE/RMSE):")
+        console.print(_scores_line(whole, result.evaluation))
+        for part in result.evaluation_by_part:
+            label = f"{part.part} ({part.evaluation.num_windows:,} windows)"
+            console.print(_scores_line(label, part.evaluation))
     for name, count in result.unknown_rows.items():
         if count:
             console.print(
@@ -258,6 +260,17 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
                 "the model read them as the unknown category"
             )
     return 0
+
+
+def _scores_line(label: str, scores: Evaluation) -> str:
+    """``"  never seen (120 windows): model 0.41/0.0002/0.0003  | naive (...)  skill +3.1%"``."""
+    from autockpt.training.host.progress import naive_text
+
+    naive = {name: s.record() for name, s in scores.naive.items()}
+    return (
+        f"  {label}: model {scores.loss:.4f}/{scores.mae:.4g}/{scores.rmse:.4g}"
+        f"{naive_text(naive, scores.skill)}"
+    )
 
 
 def cmd_interpret(args: argparse.Namespace, console: Console) -> int:

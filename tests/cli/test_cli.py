@@ -238,6 +238,11 @@ def test_predict_writes_quantile_forecasts(
     assert sorted(set(table.column("horizon_step").to_pylist())) == [1, 2, 3, 4]
     assert table.schema.metadata[b"target_transform"] == b"log_return"
     assert f"{table.num_rows:,} forecasts" in stdout
+    # NOTE [Scores by what the model saw]: the whole file, then the parts it has.
+    windows = table.num_rows // 4
+    assert f"  all {windows:,} windows: model " in stdout
+    parts = [line.split(" (")[0].strip() for line in stdout.splitlines() if " windows): " in line]
+    assert parts and set(parts) <= {"trained on", "validated on", "never seen"}
     # De-normalised: log returns of minute bars are tiny, not unit-scaled.
     median = table.column("q0.5").to_numpy()
     assert abs(median).max() < 0.05

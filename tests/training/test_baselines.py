@@ -102,3 +102,19 @@ def test_predict_scores_the_forecasts_it_writes_beside_the_naive_ones(tmp_path) 
     no_change = result.evaluation.naive["no_change"]
     assert no_change.mae == pytest.approx(np.abs(actual).mean(), rel=1e-4)
     assert no_change.rmse == pytest.approx(np.sqrt(np.square(actual).mean()), rel=1e-4)
+    # NOTE [Scores by what the model saw]: each window by its first forecast bar against the
+    # run's split, the cut times found here from the file's own timestamps.
+    assert result.parts_known
+    times = np.unique(pq.read_table(SAMPLE_DATA, columns=["timestamp"])["timestamp"].to_numpy())
+    cuts = times[round(0.7 * len(times))], times[round(0.85 * len(times))]
+    stamps = table["timestamp"].to_numpy().astype("datetime64[ns]")
+    first = stamps[table["horizon_step"].to_numpy() == 1]
+    part_of = np.repeat((first >= cuts[0]).astype(int) + (first >= cuts[1]), result.horizon)
+    by_part = {p.part: p.evaluation for p in result.evaluation_by_part}
+    assert list(by_part) == ["trained on", "validated on", "never seen"]
+    for index, part in enumerate(by_part):
+        inside = part_of == index
+        assert by_part[part].num_windows == inside.sum() // result.horizon > 0
+        mae = np.abs(median[inside] - actual[inside]).mean()
+        assert by_part[part].mae == pytest.approx(mae, rel=1e-4), part
+    assert sum(e.num_windows for e in by_part.values()) == result.num_windows

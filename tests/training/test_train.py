@@ -129,7 +129,26 @@ def test_validation_metrics_are_those_of_best_pt(plain_run: Path) -> None:
     # trainer's evaluate() is not used.
     epochs = [r for r in RunFolder(plain_run).read_metrics() if r["kind"] == "epoch"]
     logged = [r for r in epochs if r["improved"]][-1]
-    best = RunFolder(plain_run).load_checkpoint(BEST_FILE)
+    # Validation reads the first batches in order, as many windows as it logged.
+    _check_scores_by_hand(plain_run, "validation", logged["val_windows"], logged, "val")
+
+
+def test_test_windows_are_scored_by_best_pt_at_the_end(plain_run: Path) -> None:
+    """NOTE [Test windows at the end of a run]: every test window, the best checkpoint's
+    forecasts, beside the naive forecasts' on the same windows."""
+    summary = RunFolder(plain_run).read_metrics()[-1]
+    assert summary["kind"] == "summary" and summary["test_windows"] > 0
+    _check_scores_by_hand(plain_run, "test", summary["test_windows"], summary, "test")
+    assert set(summary["test_naive"]) == {"no_change", "quantiles"}
+    naive = min(v["loss"] for v in summary["test_naive"].values())
+    assert summary["test_skill"] == pytest.approx(1 - summary["test_loss"] / naive)
+    assert summary["test_loss"] != summary["best_val_loss"]
+
+
+def _check_scores_by_hand(
+    run: Path, part: str, num_windows: int, logged: dict, prefix: str
+) -> None:
+    best = RunFolder(run).load_checkpoint(BEST_FILE)
     config = TFTConfig.from_dict(best["model_config"])
     normalizer = Normalizer.from_dict(best["normalizer"])
     model = TemporalFusionTransformer(config)
@@ -141,8 +160,8 @@ def test_validation_metrics_are_those_of_best_pt(plain_run: Path) -> None:
         horizon=config.horizon,
         normalizer=normalizer,
     )
-    # Validation reads the first batches in order, as many windows as it logged.
-    batch = data.validation.batch(range(logged["val_windows"]))
+    batch = getattr(data, part).batch(range(num_windows))
+    assert part != "test" or num_windows == len(data.test)
     with torch.no_grad():
         prediction = model(*batch.inputs()).double()  # (N, H, Q)
     target = batch.target.double()[..., None]  # (N, H, 1)
@@ -154,10 +173,11 @@ def test_validation_metrics_are_those_of_best_pt(plain_run: Path) -> None:
     median_error = (median - batch.target.double()) * scale
     inside = (target[..., 0] >= prediction[..., 0]) & (target[..., 0] <= prediction[..., -1])
     assert 0.0 < float(inside.double().mean()) < 1.0  # the fixture's coverage says something
-    assert logged["val_loss"] == pytest.approx(float(pinball.mean()), rel=1e-5)
-    assert logged["val_mae"] == pytest.approx(float(median_error.abs().mean()), rel=1e-5)
-    assert logged["val_rmse"] == pytest.approx(float(median_error.square().mean().sqrt()), rel=1e-5)
-    assert logged["val_coverage"] == pytest.approx(float(inside.double().mean()), abs=1e-12)
+    assert logged[f"{prefix}_loss"] == pytest.approx(float(pinball.mean()), rel=1e-5)
+    assert logged[f"{prefix}_mae"] == pytest.approx(float(median_error.abs().mean()), rel=1e-5)
+    rmse = float(median_error.square().mean().sqrt())
+    assert logged[f"{prefix}_rmse"] == pytest.approx(rmse, rel=1e-5)
+    assert logged[f"{prefix}_coverage"] == pytest.approx(float(inside.double().mean()), abs=1e-12)
 
 
 def test_the_tracked_peak_matches_the_prediction(checkpointed_run: Path) -> None:

@@ -29,14 +29,17 @@ SPLIT_NAMES = ("train", "validation", "test")
 
 def split_cuts(distinct_times: np.ndarray, fractions: Sequence[float] | None) -> tuple[int, int]:
     """The first time of validation and of test: global cut points on the sorted distinct
-    times (the largest int64 where a split is empty or there is no split)."""
+    times. Where a part is empty at the end, its cut is just after the file's last time (so a
+    later file's bars are past every cut: ``predict`` counts them never seen); the largest
+    int64 where there is no split."""
     never = int(np.iinfo(np.int64).max)
-    if fractions is None:
+    if fractions is None or len(distinct_times) == 0:
         return never, never
+    after_the_file = int(distinct_times[-1]) + 1
     cuts = []
     for fraction in (fractions[0], fractions[0] + fractions[1]):
         index = round(fraction * len(distinct_times))
-        cuts.append(int(distinct_times[index]) if index < len(distinct_times) else never)
+        cuts.append(int(distinct_times[index]) if index < len(distinct_times) else after_the_file)
     return cuts[0], cuts[1]
 
 

@@ -203,6 +203,9 @@ class WindowedData:
     horizon: int
     columns: list[ColumnUse]
     """Every column of the file and how the model uses it (:mod:`tft.data.column_table`)."""
+    split_cuts_ns: tuple[int, int] | None = None
+    """The first time of validation and of test (ns since the epoch, UTC; the largest int64
+    where a part is empty); None: the file was read without a split (prediction)."""
 
     @property
     def num_observed(self) -> int:
@@ -368,18 +371,20 @@ def load_windows(
     whole, longest = window_starts(np.zeros(len(codes), np.int8), symbol_bounds, 0, sum(window))
     if len(whole) == 0:
         raise too_short(path, None, longest, encoder_length, horizon)
+    cuts = None
     if split_fractions is None:
         labels = np.zeros(len(codes), dtype=np.int8)
         split_starts = [np.empty(0, dtype=np.int64)] * 3
     else:
-        labels = split_labels(time_ns, split_cuts(np.unique(time_ns), split_fractions))
+        cuts = split_cuts(np.unique(time_ns), split_fractions)
+        labels = split_labels(time_ns, cuts)
         split_starts = split_windows(path, labels, symbol_bounds, split_fractions, window)
 
     encoded = InputEncoder(path, table, roles, symbols, (file_rows, codes, labels == 0))
     rows, normalizer, unknown_rows = encoded.encode(target, time_ns, normalizer)
 
     return windowed_data(
-        rows, [*split_starts, whole], normalizer, schema, unknown_rows, window, warmup_counts
+        rows, [*split_starts, whole], normalizer, schema, unknown_rows, window, warmup_counts, cuts
     )
 
 
@@ -391,6 +396,7 @@ def windowed_data(
     unknown_rows: dict[str, int],
     window: tuple[int, int],
     warmup_counts: dict[str, int] | None = None,
+    split_cuts_ns: tuple[int, int] | None = None,
 ) -> WindowedData:
     """The windows of a file from its rows and the start rows of train, validation, test and
     the whole file; ``window`` is (encoder length, horizon)."""
@@ -412,6 +418,7 @@ def windowed_data(
         encoder_length=encoder_length,
         horizon=horizon,
         columns=column_table(schema, roles, normalizer, unknown_rows, warmup_counts),
+        split_cuts_ns=split_cuts_ns,
     )
 
 

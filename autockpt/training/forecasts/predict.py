@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,15 +22,14 @@ import pyarrow.parquet as pq
 import torch
 
 from autockpt.errors import RunError
-from autockpt.training.forecasts.evaluate import Evaluation, ForecastScores
+from autockpt.training.forecasts.evaluate import Evaluation
+from autockpt.training.forecasts.scores_by_part import PartEvaluation, ScoresByPart, scoring_of
 from autockpt.training.options.data_source import read_windows
 from autockpt.training.options.settings import resolve_device
-from autockpt.training.setup.baselines import NaiveForecasts
-from autockpt.training.setup.runs import BEST_FILE, NAIVE_FILE, RunFolder, write_atomic
+from autockpt.training.setup.runs import BEST_FILE, RunFolder, write_atomic
 from tft.data.normalize import Normalizer
 from tft.data.windows import WindowDataset, WindowedData, iterate_batches
 from tft.model.config import TFTConfig
-from tft.model.loss import QuantileLoss
 from tft.model.transformer import TemporalFusionTransformer
 
 DEFAULT_BATCH_SIZE = 256
@@ -52,7 +51,12 @@ class PredictionResult:
     """Rows of each categorical column read as the unknown category (NOTE [Categories])."""
     evaluation: Evaluation | None = None
     """The forecasts against the file's actuals, beside the naive forecasts the run fitted
-    (NOTE [Naive forecasts]); None for a run saved without them."""
+    (NOTE [Naive forecasts]), over every window; None for a run saved without them."""
+    evaluation_by_part: list[PartEvaluation] = field(default_factory=list)
+    """The same scores apart for the windows the model trained on, validated on and never saw
+    (NOTE [Scores by what the model saw]); parts with no window left out."""
+    parts_known: bool = False
+    """Whether the run kept its split's cut times (runs before it did not: no parts)."""
 
 
 def quantile_column(quantile: float) -> str:
@@ -174,7 +178,7 @@ def predict(
         for column in loaded.columns
         if column.unknown_rows is not None
     }
-    scoring = _scores_of(run, config, normalizer, windows.horizon)
+    scoring = scoring_of(run, config, normalizer, windows.horizon)
     target = Path(output)
     num_rows = 0
 
@@ -228,7 +232,9 @@ def predict(
         num_windows=len(windows),
         horizon=config.horizon,
         unknown_rows=unknown_rows,
-        evaluation=scoring.evaluation() if scoring is not None and len(windows) else None,
+        evaluation=scoring.whole.evaluation() if scoring is not None and len(windows) else None,
+        evaluation_by_part=scoring.by_part() if scoring is not None else [],
+        parts_known=scoring is not None and scoring.cuts is not None,
     )
 
 
@@ -238,7 +244,7 @@ def _forecast_tables(
     windows: WindowDataset,
     normalizer: Normalizer,
     config: TFTConfig,
-    scoring: ForecastScores | None,
+    scoring: ScoresByPart | None,
     batch_size: int,
     progress: Callable[[int, int], None] | None,
 ) -> Iterator[pa.Table]:
@@ -279,21 +285,6 @@ def _empty_table(
     )
     metadata = {**(table.schema.metadata or {}), b"unknown_rows": json.dumps(unknown_rows)}
     return table.replace_schema_metadata(metadata)
-
-
-def _scores_of(
-    run: RunFolder, config: TFTConfig, normalizer: Normalizer, horizon: int
-) -> ForecastScores | None:
-    """Scores against the run's naive forecasts, as validation keeps them (on the CPU, where
-    the forecasts are written from); None for a run saved without them."""
-    path = run.file(NAIVE_FILE)
-    if not path.exists():
-        return None
-    naive = NaiveForecasts.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    loss_fn = QuantileLoss(config.quantiles)
-    return ForecastScores(
-        naive, loss_fn, config.quantiles, normalizer.target.std, horizon, torch.device("cpu")
-    )
 
 
 def _forecast_table(

@@ -197,6 +197,16 @@ class RichReporter:
             )
             table.add_row("naive forecasts", naive)
             table.add_row("skill (best over naive)", _skill_text(summary.get("best_val_skill")))
+        if summary.get("test_loss") is not None:  # NOTE [Test windows at the end of a run]
+            table.add_row(
+                "test windows (best.pt)",
+                f"{summary['test_windows']}: loss {summary['test_loss']:.4f}, "
+                f"MAE {summary['test_mae']:.4g}, RMSE {summary['test_rmse']:.4g}",
+            )
+            naive = naive_text(summary["test_naive"], summary.get("test_skill"))
+            table.add_row("test naive forecasts", naive.removeprefix("  | naive (loss/MAE/RMSE): "))
+        elif summary.get("test_not_scored"):
+            table.add_row("test windows", f"not scored: {summary['test_not_scored']}")
         measure, peak = summary["memory_measure"], summary.get("peak_bytes")
         if peak is None:
             table.add_row("peak memory", measure)

@@ -27,6 +27,7 @@ import autockpt
 from autockpt.errors import DeviceError
 from autockpt.planner.verify import REPLANNING
 from autockpt.training.forecasts.evaluate import evaluate
+from autockpt.training.forecasts.held_out import score_test_windows
 from autockpt.training.host.host_tuning import tune_host
 from autockpt.training.host.progress import Reporter
 from autockpt.training.loop.prefetch import Prefetch, epoch_batches
@@ -61,11 +62,8 @@ class Trainer:
     def __init__(self, setup: Setup, run: RunFolder, reporter: Reporter) -> None:
         self.setup = setup
         self.run = run
-        self.reporter = reporter
-        self.config = setup.config
-        self.model = setup.model
-        self.world = setup.world
-        self.parallelism = setup.parallelism
+        self.reporter, self.config, self.model = reporter, setup.config, setup.model
+        self.world, self.parallelism = setup.world, setup.parallelism
         self.naive_losses: dict[str, float] | None = None
         """The naive forecasts' validation losses (NOTE [Naive forecasts]), once validated."""
         self.state = RunState()
@@ -161,7 +159,7 @@ class Trainer:
         finally:
             if self.upcoming is not None:
                 self.upcoming.close()
-        summary = self.summary(stopped)
+        summary = {**self.summary(stopped), **score_test_windows(self.setup, self.run)}
         if self.world.is_main:
             self.run.append_metrics([summary])
         self.reporter.finish(summary)

@@ -184,9 +184,12 @@ class RunFolder:
         write_json_atomic(self.file(COLUMNS_FILE), columns)
 
     def write_naive(self, setup: Setup) -> None:
-        """The naive forecasts fitted on the training windows (NOTE [Naive forecasts]), for
-        ``predict`` to score against."""
-        write_json_atomic(self.file(NAIVE_FILE), setup.naive_forecasts.to_dict())
+        """The naive forecasts fitted on the training windows (NOTE [Naive forecasts]) and the
+        run's split's cut times, for ``predict`` to score against and by (NOTE [Scores by what
+        the model saw])."""
+        cuts = setup.data.split_cuts_ns
+        scoring = {**setup.naive_forecasts.to_dict(), "split_cuts_ns": cuts and list(cuts)}
+        write_json_atomic(self.file(NAIVE_FILE), scoring)
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """Every record of ``metrics.jsonl`` (empty when there is none yet)."""

@@ -94,13 +94,15 @@ def stream_windows(
     whole, longest = window_starts(np.zeros(meta.num_rows, np.int8), symbol_bounds, 0, sum(window))
     if len(whole) == 0:
         raise too_short(path, None, longest, encoder_length, horizon)
-    split_starts = [np.empty(0, dtype=np.int64)] * 3
+    split_starts, cuts = [np.empty(0, dtype=np.int64)] * 3, None
     if split_fractions is not None:
-        labels = _labels(rows.time_ns, split_cuts(distinct_times, split_fractions))
+        cuts = split_cuts(distinct_times, split_fractions)
+        labels = _labels(rows.time_ns, cuts)
         if rows.files is not None:
             rows.files.release()
         split_starts = split_windows(path, labels, symbol_bounds, split_fractions, window)
-    return windowed_data(rows, [*split_starts, whole], fitted, schema, meta.unknown_rows, window)
+    starts = [*split_starts, whole]
+    return windowed_data(rows, starts, fitted, schema, meta.unknown_rows, window, None, cuts)
 
 
 def _labels(time_ns: np.ndarray, cuts: tuple[int, int], block: int = 1 << 20) -> np.ndarray:

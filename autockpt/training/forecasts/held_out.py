@@ -1,0 +1,51 @@
+"""The test windows scored once, at the end of training, by the run's best checkpoint.
+
+NOTE [Test windows at the end of a run]
+The split's last part (``--split TRAIN,VAL,TEST``) is never trained on and never chooses the
+best epoch: validation does that. So its scores are the run's honest estimate of how the model
+forecasts bars it has not seen, and the summary gives them beside the naive forecasts' on the
+same windows (NOTE [Naive forecasts]), as ``test_*`` fields. They are the best checkpoint's
+(``best.pt``, what ``autockpt predict`` uses): its weights are loaded into the model for the
+scoring and the last epoch's put back after, kept on the host in between, so the device holds
+no second copy of the model and the run's model is the one it was. Under FSDP the model is
+sharded over the ranks and the test windows are not scored here (the summary says so);
+``autockpt predict`` on the file scores them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autockpt.training.forecasts.evaluate import evaluate
+from autockpt.training.setup.prepare import Setup
+from autockpt.training.setup.runs import BEST_FILE, RunFolder
+
+
+def score_test_windows(setup: Setup, run: RunFolder) -> dict[str, Any]:
+    """The run summary's ``test_*`` fields: the best checkpoint's loss, MAE, RMSE, coverage
+    and skill on the test windows, and the naive forecasts' scores there (NOTE [Test windows at
+    the end of a run]); ``test_windows`` 0 and no scores when the split leaves none."""
+    dataset = setup.data.test
+    if len(dataset) == 0 or setup.parallelism == "fsdp":
+        skipped = "sharded over the ranks" if len(dataset) else "the split leaves no test windows"
+        return {"test_windows": 0, "test_not_scored": skipped}
+    setup.world.all_gather(None)  # the main rank wrote best.pt: every rank reads it after
+    best = run.load_checkpoint(BEST_FILE)["model"]  # on the host, copied into the model
+    model = setup.model
+    last = {name: value.detach().to("cpu", copy=True) for name, value in model.state_dict().items()}
+    try:
+        model.load_state_dict(best)
+        del best
+        evaluation = evaluate(setup, dataset, max_batches=None)
+    finally:
+        model.load_state_dict(last)
+    assert evaluation is not None  # the dataset has windows
+    return {
+        "test_windows": evaluation.num_windows,
+        "test_loss": evaluation.loss,
+        "test_mae": evaluation.mae,
+        "test_rmse": evaluation.rmse,
+        "test_coverage": evaluation.coverage,
+        "test_naive": {name: scores.record() for name, scores in evaluation.naive.items()},
+        "test_skill": evaluation.skill,
+    }

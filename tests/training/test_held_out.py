@@ -1,0 +1,74 @@
+"""The test windows scored at the end of a run (NOTE [Test windows at the end of a run]); the
+scores themselves are checked by hand against ``best.pt`` in ``test_train.py``."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from autockpt.training.forecasts.held_out import score_test_windows
+from autockpt.training.host.progress import RichReporter
+from autockpt.training.options.config import TrainConfig
+from autockpt.training.options.settings import SAMPLE_DATA
+from autockpt.training.setup.prepare import prepare
+from autockpt.training.setup.runs import BEST_FILE, RunFolder
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return prepare(TrainConfig(data=SAMPLE_DATA, preset="tiny", batch_size=32))
+
+
+def test_best_weights_score_the_test_windows_and_the_last_ones_come_back(
+    setup, tmp_path: Path
+) -> None:
+    model = setup.model
+    last = {k: v.clone() for k, v in model.state_dict().items()}
+    run = RunFolder.create(tmp_path / "run")
+    with torch.no_grad():
+        best = {k: v + 0.01 if v.is_floating_point() else v for k, v in last.items()}
+    run.save_checkpoint(BEST_FILE, {"model": best})
+    scores = score_test_windows(setup, run)
+    assert scores["test_windows"] == len(setup.data.test) > 0
+    for name, value in model.state_dict().items():  # the run's model is the one it was
+        torch.testing.assert_close(value, last[name], rtol=0, atol=0)
+    run.save_checkpoint(BEST_FILE, {"model": last})
+    assert score_test_windows(setup, run)["test_loss"] != scores["test_loss"]
+
+
+def test_a_split_without_test_windows_says_so(tmp_path: Path) -> None:
+    setup = prepare(
+        TrainConfig(data=SAMPLE_DATA, preset="tiny", batch_size=32, split=(0.8, 0.2, 0.0))
+    )
+    scores = score_test_windows(setup, RunFolder.create(tmp_path / "run"))
+    assert scores == {"test_windows": 0, "test_not_scored": "the split leaves no test windows"}
+
+
+def test_the_run_summary_shows_the_test_scores() -> None:
+    stream = io.StringIO()
+    reporter = RichReporter(Console(file=stream, width=200))
+    reporter.start(num_epochs=1, first_epoch=0, steps_per_epoch=1)
+    naive = {"no_change": {"loss": 0.5, "mae": 0.1, "rmse": 0.2}}
+    summary = {
+        "run_dir": "runs/x",
+        "epochs_done": 1,
+        "stopped": "finished",
+        "global_step": 1,
+        "memory_measure": "tracked tensors",
+        "peak_bytes": None,
+        "mean_step_s": 0.1,
+        "test_windows": 120,
+        "test_loss": 0.4,
+        "test_mae": 0.09,
+        "test_rmse": 0.19,
+        "test_naive": naive,
+        "test_skill": 0.2,
+    }
+    reporter.finish(summary)
+    text = stream.getvalue()
+    assert "test windows (best.pt)" in text and "120: loss 0.4000" in text
+    assert "no change 0.5000/0.1/0.2  skill +20.0%" in text
