@@ -16,15 +16,12 @@ is printed in full and every row on one line.
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from autockpt.planner.core.units import format_bytes
-
-if TYPE_CHECKING:
-    from autockpt.planner.plan_types import Plan
+from autockpt.planner.plan_types import Plan, read_plans_with
 
 
 def _bar(fraction: float, width: int = 12) -> str:
@@ -45,6 +42,9 @@ def report(plan: Plan, *, width: int = 120) -> str:
     console = Console(file=text, width=width, color_system=None, soft_wrap=True)
     print_plan(console, plan, budget_given=True)
     return text.getvalue()
+
+
+read_plans_with(report)  # print(plan) gives this table (NOTE [The plan as text])
 
 
 def print_plan(console: Console, plan: Plan, *, budget_given: bool) -> None:
@@ -126,7 +126,7 @@ def _print_summary(console: Console, plan: Plan, *, budget_given: bool) -> None:
         console.print(
             f"peak:          {format_bytes(plan.predicted_peak_bytes)} predicted{against}; "
             f"{format_bytes(plan.unplanned_peak_bytes)} with nothing recomputed; minimum about "
-            f"{format_bytes(plan.minimum_feasible_bytes)} (the planner's estimate)"
+            f"{format_bytes(plan.minimum_feasible_bytes)} {_minimum_scope(plan)}"
         )
     else:
         regions = sum(segment.compile_fraction is not None for segment in plan.segments)
@@ -178,3 +178,13 @@ def _print_summary(console: Console, plan: Plan, *, budget_given: bool) -> None:
 
 def _no_budget_text() -> str:
     return "none given: on the CPU training is not limited (pass --vram-budget to plan for one)"
+
+
+def _minimum_scope(plan: Plan) -> str:
+    """What the minimum on the plan's line covers (NOTE [One minimum])."""
+    if plan.minimum_searched == "every option":
+        return "(the planner's estimate)"
+    return (
+        f"(the planner's estimate, with {plan.minimum_searched}: a cheaper plan fitted, so "
+        "a lower budget searches further and may plan below it)"
+    )

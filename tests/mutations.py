@@ -836,6 +836,30 @@ MUTATIONS = (
         ("tests/training/test_scores_by_part.py",),
     ),
     Mutation(
+        "print-plan-gives-the-fields",
+        "print(plan) shows pydantic's fields, not the table autockpt plan prints",
+        "autockpt/plan_report.py",
+        "read_plans_with(report)  # print(plan) gives this table (NOTE [The plan as text])\n",
+        "\n",
+        ("tests/cli/test_report.py",),
+    ),
+    Mutation(
+        "refusal-names-two-floors",
+        "a refusal names its minimum and then a budget 5% above it to raise to: two floors",
+        "autockpt/planner/solve/refusal.py",
+        '    raise_to = f"raise the budget to at least {format_bytes(minimum_bytes)}"\n',
+        '    raise_to = f"raise the budget to at least {format_bytes(minimum_bytes * 1.05)}"\n',
+        ("tests/planner/solve/test_refusal.py",),
+    ),
+    Mutation(
+        "minimum-of-recompute-alone-unsaid",
+        "the plan's line gives the minimum of recompute alone as if every option had been searched",
+        "autockpt/planner/solve/staged_search.py",
+        "            minimum_searched=MINIMUM_SEARCHED[self.stages_reached - 1],\n",
+        '            minimum_searched="every option",\n',
+        ("tests/planner/test_plan.py",),
+    ),
+    Mutation(
         "timestamp-not-settled-by-the-file",
         "a file with one timestamp-typed column under another name is refused until the user "
         "names it",

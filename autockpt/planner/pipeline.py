@@ -311,6 +311,7 @@ def plan_report(
         ),
         unplanned_peak_bytes=budget.shown_bytes(kept.peak_bytes),
         minimum_feasible_bytes=budget.shown_bytes(chosen.minimum_peak_bytes),
+        minimum_searched=chosen.minimum_searched,
         predicted_extra_s=extra_s,
         unplanned_step_s=unplanned_step_s,
         fits=predicted <= budget.read.bytes,

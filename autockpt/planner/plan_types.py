@@ -2,11 +2,30 @@
 
 A :class:`Plan` is a pydantic model (``extra="forbid"``): ``plan.model_dump_json()`` saves it and
 ``Plan.model_validate_json(text)`` reloads it; :func:`autockpt.apply` accepts either.
+
+NOTE [One minimum]
+A user reads the minimum in three places: the plan's line (``minimum about ...``),
+:attr:`Plan.minimum_feasible_bytes`, and a refusal. The search stops widening once a cheap plan
+fits (plain recompute first, then regions and chunks, then micro-batches), so at a large budget
+the minimum is that of the options it examined: at 4 GB the sample's plan said ``minimum about
+22.73 MiB`` while 10 MB planned, the minimum of recompute alone. The plan says which options its
+minimum covers (:attr:`Plan.minimum_searched`), and the line names them where they are not all.
+A refusal has examined every option and measured its lowest plan: it names that one number as
+the minimum and as the budget to raise to (it named the minimum and 5% more), and a budget of
+that number plans.
+
+NOTE [The plan as text]
+``print(plan)`` and a notebook's display of a plan give the table ``autockpt plan`` prints, not
+the model's fields (``repr(plan)`` still gives those). The table is drawn by
+:func:`autockpt.report`, with rich, which the planner does not import: the package hands the
+function to :func:`read_plans_with`, when ``autockpt`` is imported. Imported on its own, this
+module prints a plan as pydantic would.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -128,10 +147,18 @@ class PeakBreakdown(BaseModel):
 class Plan(BaseModel):
     """What to recompute, how to split the batch, and the predicted peak: the planner's answer.
 
-    Save with ``plan.model_dump_json()``, reload with ``Plan.model_validate_json(text)``.
+    Save with ``plan.model_dump_json()``, reload with ``Plan.model_validate_json(text)``;
+    ``print(plan)`` shows the table ``autockpt plan`` prints (NOTE [The plan as text]).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def __str__(self) -> str:
+        return _as_text(self) if _as_text is not None else super().__str__()
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """What IPython and Jupyter show for a plan: the table, as ``print`` does."""
+        printer.text(str(self))
 
     budget_bytes: int
     budget_text: str
@@ -152,7 +179,11 @@ class Plan(BaseModel):
     minimum_feasible_bytes: int
     """The smallest budget the options examined meet, by the planner's model (an estimate).
     Chunks and micro-batches are only examined when plain recompute cannot fit, so above that
-    this is the minimum of plain recompute; an infeasible budget examines everything."""
+    this is the minimum of plain recompute; an infeasible budget examines everything (NOTE
+    [One minimum])."""
+    minimum_searched: str = "every option"
+    """What :attr:`minimum_feasible_bytes` is the lowest of: ``every option``, or, where a cheap
+    plan stopped the search early, ``recompute alone`` or ``recompute and chunks``."""
     predicted_extra_s: float
     """Seconds the plan adds to a step (negative: it saves time); see ``notes`` for whether
     they were timed on the real model or estimated (NOTE [Time model]), and whether the plan
@@ -203,3 +234,13 @@ class Plan(BaseModel):
         if self.loss_chunks is not None:
             chunks.append(self.loss_chunks.num_chunks)
         return self.num_micro_batches * max(chunks, default=1)
+
+
+_as_text: Callable[[Plan], str] | None = None
+
+
+def read_plans_with(as_text: Callable[[Plan], str]) -> None:
+    """Make ``str(plan)`` (and a notebook's display) ``as_text(plan)`` (NOTE [The plan as
+    text]); the package sets :func:`autockpt.report` when it is imported."""
+    global _as_text
+    _as_text = as_text

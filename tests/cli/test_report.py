@@ -60,3 +60,31 @@ def test_the_library_gives_the_table_the_command_line_prints(plan):
     assert "recomputed" in text and text.count("\n") > len(plan.segments)
     peak = next(line for line in text.splitlines() if line.startswith("peak:"))
     assert autockpt.format_bytes(plan.predicted_peak_bytes) in peak
+
+
+def test_print_and_a_notebook_show_the_plan_as_the_table(plan, capsys):
+    """NOTE [The plan as text]: ``print(plan)`` and IPython's display give the table; ``repr``
+    keeps the fields."""
+    print(plan)
+    assert capsys.readouterr().out == autockpt.report(plan) + "\n"
+
+    class Printer:  # what IPython hands ``_repr_pretty_``
+        def __init__(self) -> None:
+            self.parts: list[str] = []
+
+        def text(self, value: str) -> None:
+            self.parts.append(value)
+
+    printer = Printer()
+    plan._repr_pretty_(printer, False)
+    assert "".join(printer.parts) == autockpt.report(plan)
+    assert repr(plan).startswith("Plan(budget_bytes=")
+
+
+def test_the_plan_line_says_what_its_minimum_covers(plan):
+    """NOTE [One minimum]: a search stopped early by a cheap plan says its minimum is that of
+    the options it examined."""
+    whole = _line(plan.model_copy(update={"minimum_searched": "every option"}), "peak:")
+    assert whole.endswith("(the planner's estimate)"), whole
+    early = _line(plan.model_copy(update={"minimum_searched": "recompute alone"}), "peak:")
+    assert "with recompute alone: a cheaper plan fitted" in early, early

@@ -359,3 +359,14 @@ def test_micro_batch_counts_need_not_divide_the_batch():
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-4)
     for key in want:
         torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-4)
+
+
+def test_a_plan_says_which_options_its_minimum_covers():
+    """NOTE [One minimum]: at a large budget the search stops at plain recompute and says so;
+    at a budget recompute cannot meet it examines every option, and its minimum is lower."""
+    model, inputs = MLPStack(64, 6, 0.0), (torch.randn(256, 64),)
+    roomy = autockpt.plan(model, inputs, 10**12)
+    assert roomy.minimum_searched == "recompute alone"
+    tight = autockpt.plan(model, inputs, roomy.minimum_feasible_bytes - 1)
+    assert tight.minimum_searched == "every option"
+    assert tight.minimum_feasible_bytes < roomy.minimum_feasible_bytes

@@ -209,11 +209,13 @@ class BudgetSearch:
         if lowest is not None and self.measure_half is not None:
             measured = self.measure_half(lowest[0])
             half = outside(measured.peak_bytes) if measured is not None else None
+        # Parameters, their gradients and the optimizer state do not shrink with the batch.
+        fixed = 2 * kept.parameter_bytes + kept.optimizer_state_bytes
         error = infeasible_error(
             budget=budget.read,
             minimum_bytes=minimum,
-            # Parameters, their gradients and the optimizer state do not shrink with the batch.
-            fixed_bytes=outside(2 * kept.parameter_bytes + kept.optimizer_state_bytes),
+            fixed_bytes=outside(fixed) - budget.context_bytes,
+            context_bytes=budget.context_bytes,
             batch_size=self.batch_size,
             separability=self.separability,
             micro_batches_tried=self.half is not None,

@@ -101,6 +101,7 @@ class ChosenPlan:
         minimum_peak_bytes: the lowest peak planning found (tensor bytes).
         timed_extra_s: the seconds the plan added when timed whole against the plain step
             (NOTE [Whole-plan timing]); ``None`` where it was not timed whole.
+        minimum_searched: which options the minimum is the lowest of (NOTE [One minimum]).
     """
 
     decision: Decision
@@ -108,3 +109,4 @@ class ChosenPlan:
     whole: Profiles
     minimum_peak_bytes: int
     timed_extra_s: float | None = None
+    minimum_searched: str = "every option"

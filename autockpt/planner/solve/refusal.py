@@ -39,26 +39,34 @@ def infeasible_error(
     micro_batches_tried: bool,
     lowest: tuple[Decision, StepProfile] | None,
     half_minimum_bytes: int | None,
+    context_bytes: int = 0,
 ) -> InfeasibleBudgetError:
     """The error for a budget below every plan (NOTE [Refusal]).
 
     Args:
         budget: the budget asked for.
         minimum_bytes: the lowest measured peak, as the device shows it.
-        fixed_bytes: parameters, gradients and optimizer state, as the device shows them.
+        fixed_bytes: parameters, gradients and optimizer state, as the device shows them
+            (the allocator's share included, the CUDA context not).
         batch_size: the training batch size.
         separability: what the probe found (None: it did not run).
         micro_batches_tried: whether micro-batch plans were among the options.
         lowest: the lowest-peak plan and its measured step.
         half_minimum_bytes: that plan's peak measured at half the batch, as the device shows
             it, or None when it could not be measured.
+        context_bytes: what the device holds before any tensor (the CUDA context).
     """
-    clauses = [f"parameters, gradients and optimizer state take {format_bytes(fixed_bytes)}"]
+    fixed = f"parameters, gradients and optimizer state take {format_bytes(fixed_bytes)}"
+    if context_bytes:
+        fixed += f" and the CUDA context {format_bytes(context_bytes)}"
+    clauses = [fixed]
     clauses.append(_split_clause(separability, micro_batches_tried, lowest))
     if lowest is not None:
         clauses.append(_peak_clause(*lowest))
-    raise_to = f"raise the budget to at least {format_bytes(minimum_bytes * 1.05)}"
-    if fixed_bytes >= budget.bytes:
+    # The minimum is a budget that plans (it is the lowest plan's measured step): one floor,
+    # the same in the sentence's two places.
+    raise_to = f"raise the budget to at least {format_bytes(minimum_bytes)}"
+    if fixed_bytes + context_bytes >= budget.bytes:
         lever = f"they alone exceed the budget: {raise_to} or use a smaller model"
     else:
         lever = _batch_lever(

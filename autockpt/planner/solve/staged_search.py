@@ -32,6 +32,10 @@ WIDEN_PAST_SHARE = 0.10
 #: A decision and its step measured on fake tensors.
 Fit = tuple[Decision, StepProfile]
 
+#: What the lowest peak covers once the search stopped after each widening stage (plain
+#: recompute; regions and chunks; micro-batches), NOTE [One minimum].
+MINIMUM_SEARCHED = ("recompute alone", "recompute and chunks", "every option")
+
 
 class StagedSearch:
     """The cheapest plan under ``budget``'s usable bytes of tensors, the options widened in
@@ -67,6 +71,8 @@ class StagedSearch:
         self.usable_bytes = usable_bytes = budget.usable_bytes
         self.timed_costs = timed_costs
         self.notes = notes
+        self.stages_reached = 0
+        """How many of the widening stages the search ran (NOTE [One minimum])."""
         self.search = BudgetSearch(
             builder,
             Profiles(measurer.kept, None),
@@ -122,6 +128,7 @@ class StagedSearch:
             whole=search.whole,
             minimum_peak_bytes=search.minimum_peak_bytes(),
             timed_extra_s=timed_extra_s,
+            minimum_searched=MINIMUM_SEARCHED[self.stages_reached - 1],
         )
 
     def _fit_in_stages(self) -> tuple[Fit | None, TimedChoice | None]:
@@ -129,7 +136,8 @@ class StagedSearch:
         the whole-plan timing that confirmed it, if one did."""
         found: Fit | None = None
         stage_timed = None
-        for widen in self.widening.stages():
+        for reached, widen in enumerate(self.widening.stages(), start=1):
+            self.stages_reached = reached
             if not widen():
                 continue
             # A later stage's fit weighs every option examined so far (NOTE [Planning], 3).

@@ -38,6 +38,11 @@ def _refusal(model: nn.Module, inputs: tuple[torch.Tensor, ...], budget: int) ->
     assert "\n" not in message
     assert "raise the budget to at least" in message
     assert caught.value.bound and f": {caught.value.bound}; " in message
+    # NOTE [One minimum]: the floor named and the budget to raise to are one number.
+    floor = re.search(r"below the minimum (\S+ \S+) for batch", message)
+    raise_to = re.search(r"raise the budget to at least (\S+ \S+)", message)
+    assert floor and raise_to and floor.group(1) == raise_to.group(1), message
+    assert floor.group(1) == autockpt.format_bytes(caught.value.minimum_bytes)
     return message
 
 
