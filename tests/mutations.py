@@ -860,6 +860,23 @@ MUTATIONS = (
         ("tests/planner/test_plan.py",),
     ),
     Mutation(
+        "text-times-not-settled-by-the-file",
+        "a file whose times are stored as ISO text is refused until the user names the column",
+        "tft/data/role_inference.py",
+        "            stamped = _text_times(path, schema)\n",
+        "            stamped = []\n",
+        ("tests/cli/test_first_hour.py",),
+    ),
+    Mutation(
+        "a-date-is-taken-for-a-bar-time",
+        "a text column of dates alone counts as the bars' times, so an export with a date "
+        "beside its time column has its timestamp asked for",
+        "tft/data/role_inference.py",
+        '    if len(values) == 0 or not pc.all(pc.match_substring(values, ":")).as_py():\n',
+        "    if len(values) == 0:\n",
+        ("tests/cli/test_first_hour.py",),
+    ),
+    Mutation(
         "timestamp-not-settled-by-the-file",
         "a file with one timestamp-typed column under another name is refused until the user "
         "names it",

@@ -162,7 +162,10 @@ def test_times_as_text_or_epochs_plan_and_text_asks_for_its_zone(
     tmp_path: Path, times_as: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data = write_export(tmp_path / "mybars.parquet", times_as=times_as)
-    roles = ["--timestamp-column", "ts", "--target", "c"]
+    # Text that reads as times is found (NOTE [Roles the file settles]); epochs are named.
+    roles = (
+        ["--target", "c"] if times_as == "text" else ["--timestamp-column", "ts", "--target", "c"]
+    )
     if times_as == "text":
         assert main(["plan", str(data), *PLAN, *roles]) == 2
         err = capsys.readouterr().err
@@ -206,3 +209,17 @@ def test_the_split_is_the_users_and_is_shown(
     err = capsys.readouterr().err
     assert_one_line(err)
     assert "give the validation split a larger share (--split TRAIN,VAL,TEST" in err
+
+
+def test_a_text_time_column_is_found_and_a_date_or_a_label_is_not(tmp_path: Path) -> None:
+    data = write_export(tmp_path / "mybars.parquet", times_as="text")
+    table = pq.read_table(data)
+    dates = pa.array([value[:10] for value in table["ts"].to_pylist()])
+    schema = table.append_column("day", dates).schema
+    pq.write_table(table.append_column("day", dates), data)
+    settled = role_inference.infer_roles(data, schema, ColumnRoles(target="c", timezone="UTC"))
+    assert settled.timestamp == "ts"  # not "day" (a date alone), "ticker" or "session"
+    both = table.append_column("when", table["ts"])
+    pq.write_table(both, data)
+    with pytest.raises(DataError, match="--timestamp-column COLUMN"):  # two: asked for
+        role_inference.infer_roles(data, both.schema, ColumnRoles(target="c"))

@@ -5,7 +5,10 @@ A trader's export rarely uses this project's default names (``timestamp``, ``sym
 ``close``). Three things can be read off the file without guessing:
 
 - the timestamp: where no column has the default name and the user named none, the one
-  column stored as a Parquet timestamp is it (two or more: the user must choose);
+  column stored as a Parquet timestamp is it (two or more: the user must choose); where the
+  file stores none, the one text column whose first ``TEXT_TIME_ROWS`` values all read as ISO
+  8601 times of day (an export's ``"2026-03-02 08:30:00"``; a date alone is not one) is it;
+  epoch integers are not guessed (any integer column could be a count);
 - the unit of integer epochs (NOTE [Timestamps as exports store them]), from the smallest and
   largest times the file's statistics give;
 - the symbol: where the user named none and no column is called ``symbol``, the timestamps of
@@ -48,6 +51,8 @@ __all__ = ["SAMPLE_ROWS", "infer_roles", "symbol_hint"]
 
 #: Rows read from the start of the file to tell whether its timestamps repeat.
 SAMPLE_ROWS = 200_000
+#: Values read from the start of each text column to tell whether it holds times.
+TEXT_TIME_ROWS = 1000
 
 
 def infer_roles(path: Path, schema: pa.Schema, roles: ColumnRoles) -> ColumnRoles:
@@ -63,6 +68,8 @@ def infer_roles(path: Path, schema: pa.Schema, roles: ColumnRoles) -> ColumnRole
     named = roles.model_fields_set
     if "timestamp" not in named and roles.timestamp not in schema.names:
         stamped = [f.name for f in schema if pa.types.is_timestamp(f.type)]
+        if not stamped:
+            stamped = _text_times(path, schema)
         if len(stamped) == 1:
             update["timestamp"] = stamped[0]
     timestamp = update.get("timestamp", roles.timestamp)
@@ -145,6 +152,34 @@ def _same_groups(sample: pa.Table, first: str, other: str) -> bool:
         return sample.select(names).group_by(names).aggregate([]).num_rows
 
     return groups([first]) == groups([other]) == groups([first, other])
+
+
+def _text_times(path: Path, schema: pa.Schema) -> list[str]:
+    """The text columns whose first values all read as ISO 8601 times (NOTE [Roles the file
+    settles])."""
+    texts = [field.name for field in schema if _is_text(field.type)]
+    if not texts:
+        return []
+    batches = pq.ParquetFile(path).iter_batches(batch_size=TEXT_TIME_ROWS, columns=texts)
+    first = next(batches, None)
+    if first is None:
+        return []
+    return [name for name in texts if _reads_as_times(first.column(name).drop_null())]
+
+
+def _reads_as_times(values: pa.Array) -> bool:
+    # A time of day is required: a date alone (a session's date beside a time column) is not
+    # a bar's time.
+    if len(values) == 0 or not pc.all(pc.match_substring(values, ":")).as_py():
+        return False
+    # With a zone (Z, +01:00) they cast to UTC times, without one to naive times.
+    for kind in (pa.timestamp("ns", tz="UTC"), pa.timestamp("ns")):
+        try:
+            pc.cast(values, kind)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue
+        return True
+    return False
 
 
 def _first_and_last(path: Path, name: str) -> pa.ChunkedArray:
