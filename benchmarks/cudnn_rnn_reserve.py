@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autockpt.planner.core.fake_mode import cudnn_rnn_reserve_bytes
+from autockpt.planner.core.fake_mode import bound_arguments, cudnn_rnn_reserve_bytes
 
 #: (kind, steps, batch, input size, hidden size, layers, bidirectional, dtype)
 SHAPES = [
@@ -52,8 +52,7 @@ class _Reserves(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
         if func is torch.ops.aten._cudnn_rnn.default:
-            names = [a.name for a in func._schema.arguments]
-            bound = {**dict(zip(names, args, strict=False)), **(kwargs or {})}
+            bound = bound_arguments(func, args, kwargs)
             self.found.append(
                 (out[3].numel() * out[3].element_size(), cudnn_rnn_reserve_bytes(bound))
             )

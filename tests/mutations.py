@@ -822,8 +822,8 @@ MUTATIONS = (
         "a window whose forecast bars straddle a split cut is put with the later part, so "
         "windows partly trained on count as never seen",
         "autockpt/training/forecasts/scores_by_part.py",
-        "        first_forecast = batch.decoder_time_ns[:, 0]\n",
-        "        first_forecast = batch.decoder_time_ns[:, -1]\n",
+        "        part_of = torch.from_numpy(split_labels(batch.decoder_time_ns[:, 0].numpy(), self.cuts))\n",
+        "        part_of = torch.from_numpy(split_labels(batch.decoder_time_ns[:, -1].numpy(), self.cuts))\n",
         ("tests/training/test_baselines.py", "tests/training/test_scores_by_part.py"),
     ),
     Mutation(

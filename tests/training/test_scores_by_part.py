@@ -46,7 +46,7 @@ def _batch(first_times: list[int], horizon: int = 3) -> Batch:
 
 
 def test_windows_go_by_their_first_forecast_bar_and_a_straddler_with_the_earlier_part() -> None:
-    scores = ScoresByPart(_Recording, (), (10, 20))
+    scores = ScoresByPart(_Recording, (10, 20))
     # 8 straddles the validation cut (bars 8, 9, 10) and 19 the test cut: the earlier part.
     scores.add(torch.zeros(7, 3, 1), _batch([0, 8, 10, 17, 19, 20, 500]))
     parts = {p.part: p.evaluation for p in scores.by_part()}
@@ -58,12 +58,12 @@ def test_a_later_file_is_never_seen_when_the_split_has_no_test_part() -> None:
     times = np.arange(0, 100, dtype=np.int64)
     validation_from, test_from = split_cuts(times, (0.8, 0.2, 0.0))
     assert (validation_from, test_from) == (80, 100)  # just after the file's last time
-    scores = ScoresByPart(_Recording, (), (validation_from, test_from))
+    scores = ScoresByPart(_Recording, (validation_from, test_from))
     scores.add(torch.zeros(2, 3, 1), _batch([95, 130]))  # 130: a bar after the training file
     assert [p.part for p in scores.by_part()] == ["validated on", "never seen"]
 
 
 def test_a_run_without_split_times_scores_every_window_as_one() -> None:
-    scores = ScoresByPart(_Recording, (), None)
+    scores = ScoresByPart(_Recording, None)
     scores.add(torch.zeros(2, 3, 1), _batch([0, 500]))
     assert scores.by_part() == [] and scores.whole.num_windows == 2

@@ -124,10 +124,10 @@ class PlanningFakeMode(FakeTensorMode):
         kwargs: Mapping[str, Any] = MappingProxyType({}),
     ) -> Any:
         if func is _CUDNN_RNN_BACKWARD:  # NOTE [cuDNN's RNN on fake tensors]
-            return _cudnn_rnn_backward(_bound(func, args, kwargs))
+            return _cudnn_rnn_backward(bound_arguments(func, args, kwargs))
         out: Any = super().__torch_dispatch__(func, types, args, kwargs)
         if func is _CUDNN_RNN:
-            bound = _bound(func, args, kwargs)
+            bound = bound_arguments(func, args, kwargs)
             if bound["train"]:
                 reserve = bound["input"].new_empty(
                     cudnn_rnn_reserve_bytes(bound), dtype=torch.uint8
@@ -145,7 +145,9 @@ _RESERVE_ROWS = {0: 1, 1: 1, 2: 5, 3: 6}
 _RESERVE_ALIGNMENT_BYTES = 256
 
 
-def _bound(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+def bound_arguments(
+    func: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None
+) -> dict[str, Any]:
     """An op's arguments by the names its schema gives them."""
     names = [argument.name for argument in func._schema.arguments]
     return {**dict(zip(names, args, strict=False)), **(kwargs or {})}

@@ -17,7 +17,9 @@ the cuts were kept score every window as one, and say so.
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +28,7 @@ from autockpt.training.forecasts.evaluate import Evaluation, ForecastScores
 from autockpt.training.setup.baselines import NaiveForecasts
 from autockpt.training.setup.runs import NAIVE_FILE, RunFolder
 from tft.data.normalize import Normalizer
+from tft.data.splits import split_labels
 from tft.data.windows import Batch
 from tft.model.config import TFTConfig
 from tft.model.loss import QuantileLoss
@@ -46,9 +49,9 @@ class ScoresByPart:
     """Sums of the model's and the naive forecasts' scores over every window of a file and
     over each part (NOTE [Scores by what the model saw])."""
 
-    def __init__(self, make: type[ForecastScores], args: tuple, cuts: tuple[int, int] | None):
-        self.whole = make(*args)
-        self.parts = {part: make(*args) for part in PARTS} if cuts is not None else {}
+    def __init__(self, make: Callable[[], ForecastScores], cuts: tuple[int, int] | None):
+        self.whole = make()
+        self.parts = {part: make() for part in PARTS} if cuts is not None else {}
         self.cuts = cuts
 
     def add(self, prediction: torch.Tensor, batch: Batch) -> None:
@@ -57,8 +60,8 @@ class ScoresByPart:
         self.whole.add(prediction, batch)
         if self.cuts is None:
             return
-        first_forecast = batch.decoder_time_ns[:, 0]
-        part_of = (first_forecast >= self.cuts[0]).long() + (first_forecast >= self.cuts[1]).long()
+        # Labelled as the split labels rows, by the window's first forecast bar.
+        part_of = torch.from_numpy(split_labels(batch.decoder_time_ns[:, 0].numpy(), self.cuts))
         for index, part in enumerate(PARTS):
             inside = part_of == index
             if bool(inside.any()):
@@ -85,7 +88,8 @@ def scoring_of(
     saved = json.loads(path.read_text(encoding="utf-8"))
     naive = NaiveForecasts.from_dict(saved)
     cuts = saved.get("split_cuts_ns")
-    arguments = (
+    make = functools.partial(
+        ForecastScores,
         naive,
         QuantileLoss(config.quantiles),
         config.quantiles,
@@ -93,4 +97,4 @@ def scoring_of(
         horizon,
         torch.device("cpu"),
     )
-    return ScoresByPart(ForecastScores, arguments, None if cuts is None else (cuts[0], cuts[1]))
+    return ScoresByPart(make, None if cuts is None else (cuts[0], cuts[1]))
