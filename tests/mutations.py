@@ -868,6 +868,56 @@ MUTATIONS = (
         ("tests/cli/test_first_hour.py",),
     ),
     Mutation(
+        "split-dates-read-on-utc",
+        "split dates written without a zone are read on UTC's clock whatever --timezone says, "
+        "so a Chicago desk's test period starts six hours early",
+        "tft/data/splits.py",
+        "        zone = ZoneInfo(timezone) if timezone else UTC\n",
+        "        zone = UTC\n",
+        ("tests/tft/test_split_dates.py", "tests/cli/test_first_hour.py"),
+    ),
+    Mutation(
+        "row-cache-kept-for-other-split-dates",
+        "a row cache fitted with one split's training rows is reused for a split by other "
+        "dates, so its scales come from rows the new split validates on",
+        "tft/data/streamed/row_cache.py",
+        "    fitted_on = (meta.fitted_on, meta.fitted_on_times_ns)\n",
+        "    fitted_on = _fitted_on(split)\n",
+        ("tests/tft/test_split_dates.py",),
+    ),
+    Mutation(
+        "split-date-outside-the-file-taken",
+        "a split date past the file's last bar is taken, leaving the test part empty without a word",
+        "tft/data/splits.py",
+        "        if not first < start <= last:\n",
+        "        if start <= first:\n",
+        ("tests/tft/test_split_dates.py", "tests/cli/test_first_hour.py"),
+    ),
+    Mutation(
+        "planning-lines-on-any-stderr",
+        "autockpt.plan writes its stage lines to stderr in a file, a pipe or a notebook too",
+        "autockpt/planner/entry.py",
+        "        return stderr_lines() if on_a_terminal(sys.stderr) else None\n",
+        "        return stderr_lines()\n",
+        ("tests/planner/test_plan_progress.py",),
+    ),
+    Mutation(
+        "spinner-under-quiet",
+        "--quiet still shows the spinner of planning's stages, between its JSON lines",
+        "autockpt/cli/console.py",
+        "    if quiet or not writes_to_terminal(sys.stdout):\n",
+        "    if not writes_to_terminal(sys.stdout):\n",
+        ("tests/cli/test_waiting.py",),
+    ),
+    Mutation(
+        "row-cache-build-in-silence",
+        "a row cache's build says nothing while it reads the file three times over",
+        "tft/data/streamed/file_scan.py",
+        "            if rows_read is not None:\n",
+        "            if rows_read is not None and first < 0:\n",
+        ("tests/tft/test_streamed_windows.py",),
+    ),
+    Mutation(
         "a-date-is-taken-for-a-bar-time",
         "a text column of dates alone counts as the bars' times, so an export with a date "
         "beside its time column has its timestamp asked for",

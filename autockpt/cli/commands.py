@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from autockpt import format_bytes, parse_budget
-from autockpt.cli.console import windows_progress
+from autockpt.cli.console import waiting, windows_progress
 from autockpt.cli.importance import plot_importance, print_importance
 from autockpt.cli.parser import comma_list, overrides
 from autockpt.cli.plot import PLAN_PICTURE, check_plot_available, plot_available, plot_plan
@@ -82,7 +82,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if args.world_size is not None and args.world_size < 1:
         raise ConfigError(f"--world-size {args.world_size} must be 1 or more")
     # Tuned as a training run would be, so that the step times it prints are the run's.
-    setup = prepare(config, plan_world_size=args.world_size or 1, tune_host=True)
+    with waiting(console, quiet=config.quiet):
+        setup = prepare(config, plan_world_size=args.world_size or 1, tune_host=True)
     if setup.host_tuning is not None:
         setup.host_tuning.restore()
     if config.quiet:
@@ -131,11 +132,12 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
         config = _load_config(args)
     resolve_parallelism(config.strategy, world.world_size)  # a bad combination fails here
     with process_group(world, world.device(resolve_device(config.device))):
-        if run is not None:
-            setup, checkpoint = resume_run(run, config, world=world)
-        else:
-            setup, run = start_run(config, world=world)
-            checkpoint = None
+        with waiting(console, quiet=config.quiet or not world.is_main):
+            if run is not None:
+                setup, checkpoint = resume_run(run, config, world=world)
+            else:
+                setup, run = start_run(config, world=world)
+                checkpoint = None
         return _run_training(setup, run, console, checkpoint=checkpoint)
 
 
@@ -153,23 +155,24 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     )
     if config.out is None:
         config = config.with_updates(out=Path(tempfile.mkdtemp(prefix="autockpt-demo-")) / "run")
-    if config.vram_budget is None:
-        # Show the planner at work: half of what the step takes with nothing recomputed, or a
-        # tenth over the least any plan takes where no plan fits half.
-        unplanned_bytes = prepare(config).plan.unplanned_peak_bytes
-        target = unplanned_bytes // 2
-        try:
-            setup, run = start_run(config.with_updates(vram_budget=parse_budget(target)))
-        except InfeasibleBudgetError as error:
-            target = int(error.minimum_bytes * 1.1)
-            setup, run = start_run(config.with_updates(vram_budget=parse_budget(target)))
-        if not config.quiet:
-            console.print(
-                f"demo: the step takes {format_bytes(unplanned_bytes)} with nothing "
-                f"recomputed; planning for {format_bytes(target)} instead"
-            )
-    else:
-        setup, run = start_run(config)
+    with waiting(console, quiet=config.quiet):
+        if config.vram_budget is None:
+            # Show the planner at work: half of what the step takes with nothing recomputed,
+            # or a tenth over the least any plan takes where no plan fits half.
+            unplanned_bytes = prepare(config).plan.unplanned_peak_bytes
+            target = unplanned_bytes // 2
+            try:
+                setup, run = start_run(config.with_updates(vram_budget=parse_budget(target)))
+            except InfeasibleBudgetError as error:
+                target = int(error.minimum_bytes * 1.1)
+                setup, run = start_run(config.with_updates(vram_budget=parse_budget(target)))
+        else:
+            setup, run = start_run(config)
+    if config.vram_budget is None and not config.quiet:
+        console.print(
+            f"demo: the step takes {format_bytes(unplanned_bytes)} with nothing "
+            f"recomputed; planning for {format_bytes(target)} instead"
+        )
     return _run_training(setup, run, console, checkpoint=None)
 
 

@@ -17,6 +17,8 @@ from typing import TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
+from autockpt.progress import showing_progress
+
 #: The width when stdout is not a terminal: wider than any line the commands print. Tables,
 #: progress bars and text size themselves to their content, so nothing is padded to it.
 UNCROPPED_WIDTH = 10_000
@@ -60,3 +62,19 @@ def windows_progress(
             bar.update(task, completed=done, total=total)
 
         yield advance
+
+
+@contextlib.contextmanager
+def waiting(console: Console, *, quiet: bool) -> Iterator[None]:
+    """What a long wait is doing (planning's stages, a row cache's build) on one spinner line
+    that each new line replaces and that goes when the block ends (NOTE [Progress on long
+    waits]); nothing under ``--quiet`` or where stdout is not a terminal."""
+    if quiet or not writes_to_terminal(sys.stdout):
+        with showing_progress(None):
+            yield
+        return
+    with (
+        console.status("reading the data", spinner="dots") as status,
+        showing_progress(lambda text: status.update(text)),
+    ):
+        yield

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from autockpt.cli.commands import EXIT_INTERRUPTED, HANDLERS
 from autockpt.cli.console import make_console
 from autockpt.cli.parser import build_parser
+from autockpt.progress import showing_progress
 from autockpt.training.options.user_errors import USER_ERRORS
 
 EXIT_USER_ERROR = 2
@@ -29,7 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exit_.code) if isinstance(exit_.code, int) else EXIT_USER_ERROR
     handler = HANDLERS[args.command]
     try:
-        return int(handler(args, make_console()))
+        # Nothing prints a wait's progress but what a command shows on purpose (cli.console.waiting).
+        with showing_progress(None):
+            return int(handler(args, make_console()))
     except USER_ERRORS as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return EXIT_USER_ERROR

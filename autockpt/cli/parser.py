@@ -164,9 +164,10 @@ def _add_column_options(parser: argparse.ArgumentParser) -> None:
     roles.add_argument(
         "--split",
         type=comma_list,
-        metavar="TRAIN,VAL,TEST",
+        metavar="SHARES|DATES",
         help="shares of the timestamps for training, validation and test, in time order "
-        "(default: 0.7,0.15,0.15)",
+        "(default: 0.7,0.15,0.15), or the two dates where validation and test begin, e.g. "
+        "2024-03-01,2024-03-15 (on --timezone's clock, else UTC)",
     )
     roles.add_argument(
         "--timezone",

@@ -13,15 +13,24 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from tft.data.splits import time_text
+
 if TYPE_CHECKING:
     from tft.data.column_table import ColumnUse
     from tft.data.windows import WindowedData
 
 
-def split_line(split: tuple[float, float, float], data: WindowedData) -> str:
+def split_line(split: tuple[float, float, float] | tuple[str, str], data: WindowedData) -> str:
     """The split the run trains, validates and tests on: each part's share of the timestamps
-    and its windows (``--split``)."""
+    or the times it begins at, and its windows (``--split``)."""
     windows = (len(data.train), len(data.validation), len(data.test))
+    if len(split) == 2 and data.split_cuts_ns is not None:
+        validation, test = (time_text(cut) for cut in data.split_cuts_ns)
+        return (
+            f"split:         train before {validation} ({windows[0]:,} windows), validation "
+            f"from then ({windows[1]:,}), test from {test} ({windows[2]:,}), in time order "
+            "(--split)"
+        )
     shown = ", ".join(
         f"{name} {share:.0%} ({count:,} windows)"
         for name, share, count in zip(("train", "validation", "test"), split, windows, strict=True)
@@ -78,7 +87,9 @@ def _names(group: list[ColumnUse]) -> str:
 
 
 def columns_record(
-    columns: list[ColumnUse], split: tuple[float, float, float], data: WindowedData
+    columns: list[ColumnUse],
+    split: tuple[float, float, float] | tuple[str, str],
+    data: WindowedData,
 ) -> dict[str, object]:
     """The column table and the split as one JSON-able record (``--quiet`` prints it as a
     line)."""
@@ -86,5 +97,9 @@ def columns_record(
     return {
         "kind": "columns",
         "columns": [column.model_dump(mode="json") for column in columns],
-        "split": {"shares": list(split), "windows": windows},
+        "split": {
+            ("dates" if len(split) == 2 else "shares"): list(split),
+            "cuts_ns": list(data.split_cuts_ns or ()),
+            "windows": windows,
+        },
     }

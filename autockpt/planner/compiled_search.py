@@ -60,6 +60,7 @@ from autockpt.planner.measure.step_profile import OptimizerSpec
 from autockpt.planner.plan_types import PeakBreakdown, Plan, SegmentPlan
 from autockpt.planner.runtime.compiled_backend import compile_in_place
 from autockpt.planner.training_step import training_step
+from autockpt.progress import report_progress
 
 __all__ = [
     "FRACTIONS",
@@ -176,6 +177,7 @@ class _Runner:
         self.compile_s = 0.0
 
     def measure(self, candidate: Candidate) -> Candidate:
+        report_progress(f"planning: compiling and timing {candidate.name}")
         torch._dynamo.reset()
         runner = compile_in_place(apply(self.model, candidate.plan), candidate.fraction)
 

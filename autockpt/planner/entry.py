@@ -9,6 +9,7 @@ It reads the budget, plans the step of one process (:mod:`autockpt.planner.pipel
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -39,6 +40,14 @@ from autockpt.planner.pipeline import PlanRequest
 from autockpt.planner.plan_types import Plan
 from autockpt.planner.trace.module_chain import Tracing
 from autockpt.planner.verify import REPLANNING, verify_plan
+from autockpt.progress import (
+    ProgressReporter,
+    current_reporter,
+    on_a_terminal,
+    report_progress,
+    showing_progress,
+    stderr_lines,
+)
 
 
 def plan(
@@ -62,6 +71,7 @@ def plan(
     gradients_live: bool = False,
     compile: bool = False,
     max_compiles: int = MAX_COMPILES,
+    progress: bool | ProgressReporter | None = None,
 ) -> Plan:
     """Plan a training step of ``model`` that fits ``budget`` (NOTE [Planning]).
 
@@ -129,6 +139,11 @@ def plan(
             (NOTE [Compiled plans]). Needs the model and inputs on the device, and
             ``optimizer`` ``"adamw"``, ``"sgd"``, ``None`` or a factory; one process.
         max_compiles: compiles the ``compile=True`` search makes at most.
+        progress: what planning shows while it runs, a line per stage (NOTE [Progress on long
+            waits] in :mod:`autockpt.progress`): ``None`` shows the lines on stderr when it
+            is a terminal (or hands them to a reporter installed around the call with
+            :func:`autockpt.progress.showing_progress`), ``True`` always on stderr, ``False``
+            nothing, or a function called with each line.
 
     Returns:
         The plan: which segments recompute (and in how many chunks), how many micro-batches,
@@ -147,76 +162,92 @@ def plan(
         >>> plan = autockpt.plan(model, (x,), budget="4GB")
         >>> model = autockpt.apply(model, plan)
     """
-    if example_targets and loss_fn is None:
-        raise ConfigError(
-            "example_targets were given without a loss_fn to compare them with; pass "
-            "loss_fn=lambda output, *targets: ..."
+    with showing_progress(_progress_reporter(progress)):
+        if example_targets and loss_fn is None:
+            raise ConfigError(
+                "example_targets were given without a loss_fn to compare them with; pass "
+                "loss_fn=lambda output, *targets: ..."
+            )
+        resolved_device = _resolve_device(model, device)
+        read = (
+            budget if isinstance(budget, Budget) else parse_budget(budget, device=resolved_device)
         )
-    resolved_device = _resolve_device(model, device)
-    read = budget if isinstance(budget, Budget) else parse_budget(budget, device=resolved_device)
-    parallelism = parallelism or ("single" if world_size == 1 else "ddp")
-    request = PlanRequest(
-        loss_fn=loss_fn,
-        example_targets=example_targets,
-        optimizer=optimizer,
-        device=resolved_device,
-        use_gradient_checkpointing=use_gradient_checkpointing,
-        allow_micro_batches=allow_micro_batches,
-        allow_chunks=allow_chunks,
-        allow_loss_chunks=allow_loss_chunks,
-        autocast_dtype=autocast_dtype,
-        tracing=tracing,
-        gradients_live=gradients_live,
-        world_size=world_size,
-        parallelism=parallelism,
-    )
-    if not model.training:
-        _warn_eval_mode(model)
-    share = rank_share(
-        parameter_layouts(
-            model,
-            optimizer=optimizer,
-            unit_paths=fsdp_unit_paths(model) if parallelism == "fsdp" else (),
-        ),
-        world_size=world_size,
-        parallelism=parallelism,
-    )
-    if compile:
-        return _plan_compiled(model, example_inputs, read, share, request, max_compiles)
-    if verify is None:
-        verify = resolved_device.type == "cuda" and parallelism == "single"
-    step_budget = StepBudget.on(read, resolved_device, rank_offset_bytes=share.offset_bytes)
-    notes: list[str] = []
-    for _ in range(REPLANNING.max_rounds):
-        result = _plan_round(model, example_inputs, step_budget, share, request)
-        if not verify or use_gradient_checkpointing is not None:
-            return result.model_copy(update={"notes": [*notes, *result.notes]})
-        check = verify_plan(
-            model,
-            result,
-            example_inputs,
+        parallelism = parallelism or ("single" if world_size == 1 else "ddp")
+        request = PlanRequest(
             loss_fn=loss_fn,
             example_targets=example_targets,
             optimizer=optimizer,
+            device=resolved_device,
+            use_gradient_checkpointing=use_gradient_checkpointing,
+            allow_micro_batches=allow_micro_batches,
+            allow_chunks=allow_chunks,
+            allow_loss_chunks=allow_loss_chunks,
+            autocast_dtype=autocast_dtype,
+            tracing=tracing,
+            gradients_live=gradients_live,
+            world_size=world_size,
+            parallelism=parallelism,
         )
-        notes.append(
-            f"verified: a real step peaked at {format_bytes(check.reserved_peak_bytes)}, "
-            f"{format_bytes(check.predicted_peak_bytes)} predicted"
+        if not model.training:
+            _warn_eval_mode(model)
+        share = rank_share(
+            parameter_layouts(
+                model,
+                optimizer=optimizer,
+                unit_paths=fsdp_unit_paths(model) if parallelism == "fsdp" else (),
+            ),
+            world_size=world_size,
+            parallelism=parallelism,
         )
-        if check.within_budget:
-            return result.model_copy(update={"notes": [*notes, *result.notes]})
-        overshoot = check.reserved_peak_bytes - read.bytes
-        lowered = REPLANNING.lowered(step_budget.target_bytes, over_bytes=overshoot)
-        notes.append(f"re-planned: the real step was {format_bytes(overshoot)} over the budget")
-        if lowered <= 0:
-            break
-        step_budget = step_budget.lowered(lowered)
-    raise InfeasibleBudgetError(
-        f"budget {read.text} could not be kept on {resolved_device}: real steps stayed over it "
-        "after re-planning; raise the budget or lower the batch size",
-        budget_bytes=read.bytes,
-        minimum_bytes=read.bytes,
-    )
+        if compile:
+            return _plan_compiled(model, example_inputs, read, share, request, max_compiles)
+        if verify is None:
+            verify = resolved_device.type == "cuda" and parallelism == "single"
+        step_budget = StepBudget.on(read, resolved_device, rank_offset_bytes=share.offset_bytes)
+        notes: list[str] = []
+        for _ in range(REPLANNING.max_rounds):
+            result = _plan_round(model, example_inputs, step_budget, share, request)
+            if not verify or use_gradient_checkpointing is not None:
+                return result.model_copy(update={"notes": [*notes, *result.notes]})
+            report_progress("planning: checking the plan with one real step")
+            check = verify_plan(
+                model,
+                result,
+                example_inputs,
+                loss_fn=loss_fn,
+                example_targets=example_targets,
+                optimizer=optimizer,
+            )
+            notes.append(
+                f"verified: a real step peaked at {format_bytes(check.reserved_peak_bytes)}, "
+                f"{format_bytes(check.predicted_peak_bytes)} predicted"
+            )
+            if check.within_budget:
+                return result.model_copy(update={"notes": [*notes, *result.notes]})
+            overshoot = check.reserved_peak_bytes - read.bytes
+            lowered = REPLANNING.lowered(step_budget.target_bytes, over_bytes=overshoot)
+            notes.append(f"re-planned: the real step was {format_bytes(overshoot)} over the budget")
+            if lowered <= 0:
+                break
+            step_budget = step_budget.lowered(lowered)
+        raise InfeasibleBudgetError(
+            f"budget {read.text} could not be kept on {resolved_device}: real steps stayed over it "
+            "after re-planning; raise the budget or lower the batch size",
+            budget_bytes=read.bytes,
+            minimum_bytes=read.bytes,
+        )
+
+
+def _progress_reporter(progress: bool | ProgressReporter | None) -> ProgressReporter | None:
+    """The reporter ``plan(progress=...)`` asks for (NOTE [Progress on long waits])."""
+    if progress is None:
+        around = current_reporter()
+        if around is not None:
+            return around
+        return stderr_lines() if on_a_terminal(sys.stderr) else None
+    if isinstance(progress, bool):
+        return stderr_lines() if progress else None
+    return progress
 
 
 def _warn_eval_mode(model: torch.nn.Module) -> None:

@@ -93,6 +93,7 @@ from autockpt.planner.timing.time_model import (
 from autockpt.planner.timing.timing_room import TimingRoom
 from autockpt.planner.trace.fx_graph import TracedModel
 from autockpt.planner.trace.module_chain import ModuleChain, Tracing, trace_or_find_modules
+from autockpt.progress import report_progress
 
 
 @dataclass(frozen=True)
@@ -133,8 +134,10 @@ def plan_one_process(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # NOTE [Planning's own peak]
     if traced is None:
+        report_progress("planning: tracing the model")  # NOTE [Progress on long waits]
         # warns on the fallback to module-level segments
         traced = trace_or_find_modules(model, example_inputs, tracing=request.tracing)
+    report_progress("planning: measuring the step's memory on fake tensors")
     usable_bytes = budget.usable_bytes
     measurer = StepMeasurer(
         traced,
@@ -147,6 +150,7 @@ def plan_one_process(
         room_bytes=usable_bytes,
     )
     kept = measurer.kept
+    report_progress("planning: timing the segments on the real model")
     estimated, costs = step_costs(
         measurer,
         device,
@@ -180,6 +184,7 @@ def plan_one_process(
             # The plain step fits, so it is the plan (it adds no time): nothing to time. The
             # search still runs, on estimates, for the minimum the plan reports.
             builder.costs = estimated
+        report_progress("planning: searching for the fastest plan that fits")
         chosen = StagedSearch(
             measurer,
             builder,

@@ -23,6 +23,7 @@ from tft.errors import DataError
 
 PLAN = ["--preset", "tiny", "--vram-budget", "8MB"]
 CONTRACTS = ("ESZ6", "NQZ6", "CLZ6")
+DATE_HOURS = ("19:00", "21:30")
 
 
 def write_export(
@@ -209,6 +210,36 @@ def test_the_split_is_the_users_and_is_shown(
     err = capsys.readouterr().err
     assert_one_line(err)
     assert "give the validation split a larger share (--split TRAIN,VAL,TEST" in err
+
+
+def test_the_split_can_be_two_dates_on_the_files_clock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_export(tmp_path / "mybars.parquet")  # 14:30 UTC to 00:29 the next day
+    args = ["plan", str(data), *PLAN, "--target", "c", "--split", "2026-03-02T19:00,21:30"]
+    assert main(args) == 2  # the second is not a date: one line naming it
+    err = capsys.readouterr().err
+    assert_one_line(err)
+    assert "'21:30' is not an ISO 8601 date" in err
+    args[-1] = "2026-03-02T19:00,2026-03-02T21:30"
+    assert main([*args, "--quiet"]) == 0
+    split = json.loads(capsys.readouterr().out.splitlines()[0])["split"]
+    assert split["dates"] == ["2026-03-02T19:00", "2026-03-02T21:30"]
+    cuts = [int(np.datetime64(f"2026-03-02T{hour}", "ns").astype(np.int64)) for hour in DATE_HOURS]
+    assert split["cuts_ns"] == cuts
+    # Per contract, train has the minutes from 14:43 (the RSI's warm-up rows dropped) to
+    # 18:59, validation 150 and test 180; a window (tiny: 24 + 4 bars) begins at all but 27.
+    assert split["windows"] == {"train": 3 * (257 - 27), "validation": 3 * 123, "test": 3 * 153}
+    assert main([*args, "--timezone", "America/Chicago", "--quiet"]) == 0  # UTC-6 in March
+    chicago = json.loads(capsys.readouterr().out.splitlines()[0])["split"]
+    assert chicago["cuts_ns"][0] == cuts[0] + 6 * 3600 * 10**9
+    assert main(args) == 0
+    assert "split:         train before 2026-03-02T19:00 UTC (" in capsys.readouterr().out
+    args[-1] = "2026-03-02T19:00,2026-03-05"
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert_one_line(err)
+    assert "test start 2026-03-05T00:00 UTC is outside the file's bars" in err
 
 
 def test_a_text_time_column_is_found_and_a_date_or_a_label_is_not(tmp_path: Path) -> None:

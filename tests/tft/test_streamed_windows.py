@@ -240,3 +240,27 @@ def test_prefetch_yields_the_source_in_order_and_raises_its_error() -> None:
     with Prefetch(iter(range(10**6)), depth=2) as prefetch:
         assert prefetch.next() == 0
     assert os.getpid()  # reached: the thread was joined
+
+
+def test_a_cache_build_says_how_far_each_pass_is_and_a_reuse_says_nothing(
+    sample_parquet: Path, tmp_path: Path
+) -> None:
+    lines: list[str] = []
+    cache = tmp_path / "cache"
+    stream_windows(
+        sample_parquet,
+        cache,
+        max_host_bytes=1 << 30,
+        chunk_rows=10_000,
+        progress=lines.append,
+        **WINDOW,
+    )
+    rows = pq.ParquetFile(sample_parquet).metadata.num_rows  # 41,400: five chunks a pass
+    for number in (1, 2, 3):
+        done = [line for line in lines if f"pass {number} of 3" in line]
+        assert len(done) == 5, lines
+        assert done[-1].endswith(f"{rows:,} of {rows:,} rows")
+        assert done[0].endswith(f"10,000 of {rows:,} rows")
+    lines.clear()
+    stream_windows(sample_parquet, cache, max_host_bytes=1 << 30, progress=lines.append, **WINDOW)
+    assert lines == []

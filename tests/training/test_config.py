@@ -136,3 +136,20 @@ def test_with_updates_validates() -> None:
 def test_every_field_is_documented() -> None:
     for name, field in TrainConfig.model_fields.items():
         assert field.description, f"{name} has no docstring"
+
+
+def test_the_split_is_shares_or_two_dates_quoted_or_not(tmp_path: Path) -> None:
+    dates = load_train_config(
+        write_toml(tmp_path, "split = [2024-03-01, 2024-03-15T09:30:00]\n"), {}
+    )
+    assert dates.split == ("2024-03-01", "2024-03-15T09:30:00")  # TOML dates read as text
+    quoted = load_train_config(write_toml(tmp_path, 'split = ["2024-03-01", "2024-03-15"]\n'), {})
+    assert quoted.split == ("2024-03-01", "2024-03-15")
+    assert TrainConfig(split=("0.8", "0.1", "0.1")).split == (0.8, 0.1, 0.1)  # type: ignore[arg-type]
+    for bad, words in [
+        (("0.8", "0.2"), "three shares"),  # two shares, not two dates
+        (("2024-03-15", "2024-03-01"), "test must begin after validation"),
+        (("March", "April"), "'March' is not an ISO 8601 date"),
+    ]:
+        with pytest.raises(ConfigError, match=words):
+            load_train_config(None, {"split": bad})

@@ -45,7 +45,11 @@ def test_a_split_without_test_windows_says_so(tmp_path: Path) -> None:
         TrainConfig(data=SAMPLE_DATA, preset="tiny", batch_size=32, split=(0.8, 0.2, 0.0))
     )
     scores = score_test_windows(setup, RunFolder.create(tmp_path / "run"))
+    split = scores.pop("split")
     assert scores == {"test_windows": 0, "test_not_scored": "the split leaves no test windows"}
+    assert split["asked"] == [0.8, 0.2, 0.0] and split["windows"]["test"] == 0
+    # The empty test part's cut is just after the file's last bar (tft.data.splits.split_cuts).
+    assert split["test_from"] == "2024-01-22T21:59 UTC"
 
 
 def test_the_run_summary_shows_the_test_scores() -> None:
@@ -67,8 +71,18 @@ def test_the_run_summary_shows_the_test_scores() -> None:
         "test_rmse": 0.19,
         "test_naive": naive,
         "test_skill": 0.2,
+        "split": {
+            "asked": ["2024-01-15", "2024-01-19"],
+            "validation_from": "2024-01-15T00:00 UTC",
+            "test_from": "2024-01-19T00:00 UTC",
+            "windows": {"train": 2000, "validation": 500, "test": 120},
+        },
     }
     reporter.finish(summary)
     text = stream.getvalue()
+    assert (
+        "train 2,000 windows, validation 500 from 2024-01-15T00:00 UTC, test 120 from "
+        "2024-01-19T00:00 UTC" in text
+    )
     assert "test windows (best.pt)" in text and "120: loss 0.4000" in text
     assert "no change 0.5000/0.1/0.2  skill +20.0%" in text

@@ -3,28 +3,171 @@
 The splits cut the sorted distinct timestamps of a file at global points, so the test period
 is the same calendar span for every symbol; a window lies wholly inside one symbol and one
 split. Both the in-memory and the streamed path (:mod:`tft.data.streamed.streamed_windows`) cut with these.
+
+NOTE [A split by shares or by dates]
+A split is given either as three shares of the distinct timestamps (``split_fractions``,
+``--split 0.7,0.15,0.15``) or as the two times where validation and then test begin
+(``split_times``, ``--split 2024-03-01,2024-03-15``): a desk tests on "everything since the
+first of March", not on 15% of its rows. A time is ISO 8601 text or a ``datetime``; one
+written without a zone is on the clock of ``ColumnRoles.timezone`` (the clock the file's own
+naive times are read on), else UTC. A time splits at the first bar at or after it. Each date
+must leave every part some time in the file (after the first bar, before or at the last, the
+second after the first): a date outside the file is a typo far more often than a wish for an
+empty part, and shares say "no test part" plainly (``0.85,0.15,0``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import numpy as np
 
 from tft.data.columns import _error
-from tft.errors import DataError
+from tft.errors import ConfigError, DataError
 
 __all__ = [
     "SPLIT_NAMES",
+    "SplitTimes",
+    "check_window_options",
+    "cut_points",
     "split_cuts",
     "split_labels",
+    "split_starts_ns",
     "split_windows",
+    "time_text",
     "too_short",
     "window_starts",
 ]
 
 SPLIT_NAMES = ("train", "validation", "test")
+
+SplitTimes = Sequence[str | datetime]
+"""Where validation and then test begin: two ISO 8601 times or ``datetime`` values."""
+
+_SPLIT_FLAG = "--split VALIDATION_START,TEST_START; split_times in load_windows"
+
+
+def check_window_options(
+    encoder_length: int,
+    horizon: int,
+    split_fractions: Sequence[float] | None,
+    split_times: SplitTimes | None = None,
+) -> None:
+    """Refuse a window length or a split that cannot be cut, naming the value and the fix
+    (the split times' text is read here, before any data; their zone in
+    :func:`split_starts_ns`).
+
+    Raises:
+        ConfigError: encoder_length or horizon < 1, bad split fractions or split times.
+    """
+    for name, value in (("encoder_length", encoder_length), ("horizon", horizon)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}={value!r} must be a whole number >= 1; pass e.g. 10")
+    if split_times is not None:
+        split_starts_ns(split_times, None)
+        return
+    if split_fractions is None:
+        return
+    fractions = list(split_fractions)
+    if (
+        len(fractions) != 3
+        or not all(isinstance(f, int | float) and 0 <= f <= 1 for f in fractions)
+        or fractions[0] <= 0
+        or not math.isclose(sum(fractions), 1.0, abs_tol=1e-6)
+    ):
+        raise ConfigError(
+            f"split_fractions={split_fractions!r} must be three numbers >= 0 (train > 0) that "
+            "add up to 1; pass e.g. (0.7, 0.15, 0.15)"
+        )
+
+
+def split_starts_ns(split_times: SplitTimes, timezone: str | None) -> tuple[int, int]:
+    """The start of validation and of test as nanoseconds since the epoch in UTC; a time
+    without a zone is on ``timezone``'s clock, else UTC (NOTE [A split by shares or by dates]).
+
+    Raises:
+        ConfigError: not two times, one that is not ISO 8601, or the second not after the first.
+    """
+    if isinstance(split_times, str) or len(split_times) != 2:
+        raise ConfigError(
+            f"split_times={split_times!r} must be two times, where validation and then test "
+            "begin; pass e.g. ('2024-03-01', '2024-03-15')"
+        )
+    try:
+        zone = ZoneInfo(timezone) if timezone else UTC
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ConfigError(
+            f"--timezone {timezone!r} is not a time zone name; write it like UTC or America/Chicago"
+        ) from None
+    starts = []
+    for given in split_times:
+        try:
+            moment = given if isinstance(given, datetime) else datetime.fromisoformat(str(given))
+        except ValueError:
+            raise ConfigError(
+                f"split time {given!r} is not an ISO 8601 date or time; write it like "
+                "2024-03-01 or 2024-03-01T14:30"
+            ) from None
+        moment = moment if moment.tzinfo is not None else moment.replace(tzinfo=zone)
+        starts.append(_nanoseconds(moment))
+    if starts[1] <= starts[0]:
+        raise ConfigError(
+            f"split times {_shown(split_times[0])} and {_shown(split_times[1])}: test must begin "
+            "after validation; give the validation start first"
+        )
+    return starts[0], starts[1]
+
+
+def _nanoseconds(moment: datetime) -> int:
+    since = moment - datetime(1970, 1, 1, tzinfo=UTC)
+    return (since.days * 86_400 + since.seconds) * 10**9 + since.microseconds * 1000
+
+
+def _shown(given: str | datetime) -> str:
+    return given.isoformat() if isinstance(given, datetime) else str(given)
+
+
+def time_text(time_ns: int) -> str:
+    """A time in nanoseconds since the epoch as ISO 8601 text in UTC, to the minute."""
+    return np.datetime_as_string(np.datetime64(time_ns, "ns"), unit="m") + " UTC"
+
+
+def cut_points(
+    path: Path,
+    distinct_times: np.ndarray,
+    fractions: Sequence[float] | None,
+    starts_ns: tuple[int, int] | None,
+) -> tuple[int, int]:
+    """The first time of validation and of test, by dates where ``starts_ns`` is given
+    (:func:`split_starts_ns`), else by shares (:func:`split_cuts`)."""
+    if starts_ns is None:
+        return split_cuts(distinct_times, fractions)
+    return _dated_cuts(path, distinct_times, starts_ns)
+
+
+def _dated_cuts(
+    path: Path, distinct_times: np.ndarray, starts_ns: tuple[int, int]
+) -> tuple[int, int]:
+    """The cut points of a split by dates, checked to leave each part some of the file's time
+    (NOTE [A split by shares or by dates]).
+
+    Raises:
+        DataError: a date at or before the file's first bar, or after its last.
+    """
+    first, last = int(distinct_times[0]), int(distinct_times[-1])
+    for name, start in zip(SPLIT_NAMES[1:], starts_ns, strict=True):
+        if not first < start <= last:
+            raise _error(
+                path,
+                f"the {name} start {time_text(start)} is outside the file's bars "
+                f"({time_text(first)} to {time_text(last)}), leaving a part of the split empty; "
+                f"give dates inside that span ({_SPLIT_FLAG}) or shares (--split 0.85,0.15,0)",
+            )
+    return starts_ns
 
 
 def split_cuts(distinct_times: np.ndarray, fractions: Sequence[float] | None) -> tuple[int, int]:
@@ -64,15 +207,23 @@ def window_starts(
 
 
 def too_short(
-    path: Path, split: str | None, longest: int, encoder_length: int, horizon: int
+    path: Path,
+    split: str | None,
+    longest: int,
+    encoder_length: int,
+    horizon: int,
+    dated: bool = False,
 ) -> DataError:
     where = "the file" if split is None else f"the {split} split"
-    way_out = (
-        ""
-        if split is None
-        else f", give the {split} split a larger share (--split TRAIN,VAL,TEST; "
-        "split_fractions in load_windows)"
-    )
+    if split is None:
+        way_out = ""
+    elif dated:
+        way_out = f", give the {split} split a longer span ({_SPLIT_FLAG})"
+    else:
+        way_out = (
+            f", give the {split} split a larger share (--split TRAIN,VAL,TEST; "
+            "split_fractions in load_windows)"
+        )
     return _error(
         path,
         f"{where} has no full window: one needs {encoder_length + horizon} consecutive rows of "
@@ -86,19 +237,20 @@ def split_windows(
     path: Path,
     labels: np.ndarray,
     symbol_bounds: np.ndarray,
-    fractions: Sequence[float],
+    fractions: Sequence[float] | None,
     window: tuple[int, int],
 ) -> list[np.ndarray]:
     """The start rows of the train, validation and test windows; ``window`` is (encoder
-    length, horizon).
+    length, horizon); ``fractions`` None for a split by dates (every part has time).
 
     Raises:
         DataError: a split with a share of the time has no full window.
     """
     starts_of_splits = []
-    for label, (name, fraction) in enumerate(zip(SPLIT_NAMES, fractions, strict=True)):
+    shares = fractions if fractions is not None else (1.0, 1.0, 1.0)
+    for label, (name, fraction) in enumerate(zip(SPLIT_NAMES, shares, strict=True)):
         starts, longest = window_starts(labels, symbol_bounds, label, sum(window))
         if len(starts) == 0 and fraction > 0:
-            raise too_short(path, name, longest, *window)
+            raise too_short(path, name, longest, *window, dated=fractions is None)
         starts_of_splits.append(starts)
     return starts_of_splits

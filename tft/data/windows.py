@@ -34,9 +34,9 @@ at decoder step ``h`` (0-based) is the row ``h + 1`` steps after the last encode
   and the first bad row (0-based, in file order); a column with no finite value at all is
   reported as such. A null in a categorical column is its "unknown" category.
 * Splits. Global time cut points (so the test period is the same calendar span for every
-  symbol): the sorted distinct timestamps are cut at the split fractions; rows before the first
-  cut are training, then validation, then test. A window lies wholly inside one symbol and one
-  split. The normaliser (a mean and standard deviation per column and symbol, NOTE
+  symbol): the sorted distinct timestamps are cut at the split fractions or at two dates (NOTE
+  [A split by shares or by dates] in :mod:`tft.data.splits`); rows before the first cut are
+  training, then validation, then test. A window lies wholly inside one symbol and one split. The normaliser (a mean and standard deviation per column and symbol, NOTE
   [Per-symbol scaling] in :mod:`tft.data.normalize`; the categories of each categorical column) is
   fitted on the training rows only.
 * Whole file. :attr:`WindowedData.whole` always holds every window of the file, ignoring the
@@ -48,7 +48,6 @@ at decoder step ``h`` (0-based) is the row ``h + 1`` steps after the last encode
 from __future__ import annotations
 
 import functools
-import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -79,7 +78,16 @@ from tft.data.normalize import Normalizer, _transform_target
 from tft.data.role_inference import infer_roles, symbol_hint
 from tft.data.row_files import RowFiles
 from tft.data.rows import InputEncoder, Rows
-from tft.data.splits import split_cuts, split_labels, split_windows, too_short, window_starts
+from tft.data.splits import (
+    SplitTimes,
+    check_window_options,
+    cut_points,
+    split_labels,
+    split_starts_ns,
+    split_windows,
+    too_short,
+    window_starts,
+)
 from tft.data.timestamps import read_times
 from tft.data.warmup import real_inputs, warmup_rows
 from tft.errors import ConfigError
@@ -266,30 +274,6 @@ def iterate_batches(
         yield dataset.batch(indices[size * rank // num_ranks : size * (rank + 1) // num_ranks])
 
 
-# ---------------------------------------------------------------------------- checks
-
-
-def _check_options(
-    encoder_length: int, horizon: int, split_fractions: Sequence[float] | None
-) -> None:
-    for name, value in (("encoder_length", encoder_length), ("horizon", horizon)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name}={value!r} must be a whole number >= 1; pass e.g. 10")
-    if split_fractions is None:
-        return
-    fractions = list(split_fractions)
-    if (
-        len(fractions) != 3
-        or not all(isinstance(f, int | float) and 0 <= f <= 1 for f in fractions)
-        or fractions[0] <= 0
-        or not math.isclose(sum(fractions), 1.0, abs_tol=1e-6)
-    ):
-        raise ConfigError(
-            f"split_fractions={split_fractions!r} must be three numbers >= 0 (train > 0) that "
-            "add up to 1; pass e.g. (0.7, 0.15, 0.15)"
-        )
-
-
 # ---------------------------------------------------------------------------- public API
 
 
@@ -300,6 +284,7 @@ def load_windows(
     encoder_length: int,
     horizon: int,
     split_fractions: Sequence[float] | None = (0.7, 0.15, 0.15),
+    split_times: SplitTimes | None = None,
     normalizer: Normalizer | None = None,
 ) -> WindowedData:
     """Read a Parquet file of bars and cut it into normalised TFT windows.
@@ -314,6 +299,9 @@ def load_windows(
         horizon: rows forecast after them (Td).
         split_fractions: (train, validation, test) shares of the distinct timestamps; None keeps
             the file whole (only :attr:`WindowedData.whole` has windows).
+        split_times: where validation and then test begin (ISO 8601 text or ``datetime``; on
+            ``roles.timezone``'s clock when written without a zone, else UTC), instead of
+            ``split_fractions`` (NOTE [A split by shares or by dates] in :mod:`tft.data.splits`).
         normalizer: statistics to apply instead of fitting new ones (e.g. for prediction); its
             roles and symbols must match the file.
 
@@ -325,7 +313,7 @@ def load_windows(
             non-numeric columns, NaN/inf values, duplicate or unsorted timestamps, non-positive
             prices for log returns, too few rows for one window in a split); the message names
             the file, the column or row, and the fix.
-        ConfigError: encoder_length or horizon < 1, or bad split fractions.
+        ConfigError: encoder_length or horizon < 1, or bad split fractions or times.
 
     Example::
 
@@ -335,9 +323,10 @@ def load_windows(
         prediction = model(*batch.inputs())
     """
     path = Path(path)
-    _check_options(encoder_length, horizon, split_fractions)
+    check_window_options(encoder_length, horizon, split_fractions, split_times)
     schema = _read_schema(path)
     roles = roles if roles is not None else normalizer.roles if normalizer else ColumnRoles()
+    starts_ns = split_starts_ns(split_times, roles.timezone) if split_times is not None else None
     roles = infer_roles(path, schema, roles)
     table = _read_table(path, _columns_to_read(schema, roles))
     roles = _resolve_roles(path, schema, roles, _constancy_check(table))
@@ -372,13 +361,15 @@ def load_windows(
     if len(whole) == 0:
         raise too_short(path, None, longest, encoder_length, horizon)
     cuts = None
-    if split_fractions is None:
+    if split_fractions is None and starts_ns is None:
         labels = np.zeros(len(codes), dtype=np.int8)
         split_starts = [np.empty(0, dtype=np.int64)] * 3
     else:
-        cuts = split_cuts(np.unique(time_ns), split_fractions)
+        distinct = np.unique(time_ns)
+        shares = None if starts_ns is not None else split_fractions
+        cuts = cut_points(path, distinct, shares, starts_ns)
         labels = split_labels(time_ns, cuts)
-        split_starts = split_windows(path, labels, symbol_bounds, split_fractions, window)
+        split_starts = split_windows(path, labels, symbol_bounds, shares, window)
 
     encoded = InputEncoder(path, table, roles, symbols, (file_rows, codes, labels == 0))
     rows, normalizer, unknown_rows = encoded.encode(target, time_ns, normalizer)

@@ -1,7 +1,7 @@
 """The test windows scored once, at the end of training, by the run's best checkpoint.
 
 NOTE [Test windows at the end of a run]
-The split's last part (``--split TRAIN,VAL,TEST``) is never trained on and never chooses the
+The split's last part (``--split``, by shares or dates) is never trained on and never chooses the
 best epoch: validation does that. So its scores are the run's honest estimate of how the model
 forecasts bars it has not seen, and the summary gives them beside the naive forecasts' on the
 same windows (NOTE [Naive forecasts]), as ``test_*`` fields. They are the best checkpoint's
@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from autockpt.training.forecasts.evaluate import evaluate
 from autockpt.training.setup.prepare import Setup
 from autockpt.training.setup.runs import BEST_FILE, RunFolder
+from tft.data.splits import time_text
 
 
 def score_test_windows(setup: Setup, run: RunFolder) -> dict[str, Any]:
@@ -28,7 +31,7 @@ def score_test_windows(setup: Setup, run: RunFolder) -> dict[str, Any]:
     dataset = setup.data.test
     if len(dataset) == 0 or setup.parallelism == "fsdp":
         skipped = "sharded over the ranks" if len(dataset) else "the split leaves no test windows"
-        return {"test_windows": 0, "test_not_scored": skipped}
+        return {"split": split_record(setup), "test_windows": 0, "test_not_scored": skipped}
     setup.world.all_gather(None)  # the main rank wrote best.pt: every rank reads it after
     best = run.load_checkpoint(BEST_FILE)["model"]  # on the host, copied into the model
     model = setup.model
@@ -41,6 +44,7 @@ def score_test_windows(setup: Setup, run: RunFolder) -> dict[str, Any]:
         model.load_state_dict(last)
     assert evaluation is not None  # the dataset has windows
     return {
+        "split": split_record(setup),
         "test_windows": evaluation.num_windows,
         "test_loss": evaluation.loss,
         "test_mae": evaluation.mae,
@@ -48,4 +52,22 @@ def score_test_windows(setup: Setup, run: RunFolder) -> dict[str, Any]:
         "test_coverage": evaluation.coverage,
         "test_naive": {name: scores.record() for name, scores in evaluation.naive.items()},
         "test_skill": evaluation.skill,
+    }
+
+
+def split_record(setup: Setup) -> dict[str, Any]:
+    """The run summary's ``split``: what ``--split`` asked for, the times validation and test
+    begin at (ISO 8601, UTC; None where the split has no such cut) and each part's windows."""
+    data = setup.data
+    cuts = data.split_cuts_ns or ()
+    never = int(np.iinfo(np.int64).max)  # tft.data.splits.split_cuts: no split
+    return {
+        "asked": list(setup.config.split),
+        "validation_from": time_text(cuts[0]) if cuts and cuts[0] != never else None,
+        "test_from": time_text(cuts[1]) if cuts and cuts[1] != never else None,
+        "windows": {
+            "train": len(data.train),
+            "validation": len(data.validation),
+            "test": len(data.test),
+        },
     }

@@ -102,7 +102,7 @@ class TrainedOnFile:
             roles=None,
             encoder_length=config.encoder_length,
             horizon=config.horizon,
-            split_fractions=None,
+            split=None,
             normalizer=normalizer,
             max_host_memory=max_host_memory,
             cache=None,

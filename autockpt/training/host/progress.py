@@ -197,6 +197,8 @@ class RichReporter:
             )
             table.add_row("naive forecasts", naive)
             table.add_row("skill (best over naive)", _skill_text(summary.get("best_val_skill")))
+        if summary.get("split"):
+            table.add_row("split (--split)", split_text(summary["split"]))
         if summary.get("test_loss") is not None:  # NOTE [Test windows at the end of a run]
             table.add_row(
                 "test windows (best.pt)",
@@ -229,3 +231,16 @@ class RichReporter:
                 f"{summary['data_wait_s']:.2f} s ({summary['data_wait_share']:.1%} of step time)",
             )
         self._console.print(table)
+
+
+def split_text(split: Record) -> str:
+    """The summary's split as one line: each part's windows and where it begins."""
+    windows = split["windows"]
+    parts = [
+        f"train {windows['train']:,} windows",
+        f"validation {windows['validation']:,}"
+        + (f" from {split['validation_from']}" if split.get("validation_from") else ""),
+        f"test {windows['test']:,}"
+        + (f" from {split['test_from']}" if split.get("test_from") else ""),
+    ]
+    return ", ".join(parts)

@@ -12,6 +12,7 @@ import difflib
 import math
 import tomllib
 from collections.abc import Mapping
+from datetime import date
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_serializer, f
 
 from autockpt import Budget, parse_budget
 from autockpt.errors import AutockptError, BudgetError, ConfigError
+from tft.data.splits import split_starts_ns
 
 Device = Literal["cpu", "cuda", "auto"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -84,9 +86,10 @@ class TrainConfig(BaseModel):
     """column naming the instrument; unset uses the data module's default (symbol)."""
     timestamp_column: str | None = None
     """column of bar times; unset uses the data module's default (timestamp)."""
-    split: tuple[float, float, float] = (0.7, 0.15, 0.15)
+    split: tuple[float, float, float] | tuple[str, str] = (0.7, 0.15, 0.15)
     """shares of the distinct timestamps for the train, validation and test rows, in time
-    order: three numbers >= 0 (train > 0) that add up to 1."""
+    order: three numbers >= 0 (train > 0) that add up to 1; or two dates, where validation and
+    then test begin (2024-03-01,2024-03-15; on --timezone's clock, else UTC)."""
     timezone: str | None = None
     """whose clock times written without a zone are on (America/Chicago); unset reads Parquet
     timestamps without one as UTC and refuses text without one."""
@@ -171,17 +174,34 @@ class TrainConfig(BaseModel):
             raise ValueError("must be in [0, 1)")
         return value
 
+    @field_validator("split", mode="before")
+    @classmethod
+    def _dates_as_text(cls, value: Any) -> Any:
+        # TOML writes an unquoted date as a date value; the split reads dates as ISO text.
+        if isinstance(value, list | tuple):
+            return tuple(v.isoformat() if isinstance(v, date) else v for v in value)
+        return value
+
     @field_validator("split")
     @classmethod
-    def _shares(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
+    def _shares(
+        cls, value: tuple[float, float, float] | tuple[str, str]
+    ) -> tuple[float, float, float] | tuple[str, str]:
+        shares_or_dates = (
+            "must be three shares >= 0, train > 0, that add up to 1, or the two dates where "
+            "validation and test begin; write it like 0.8,0.1,0.1 or 2024-03-01,2024-03-15"
+        )
+        if len(value) == 2:
+            if all(_is_number(text) for text in value):
+                raise ValueError(shares_or_dates)
+            split_starts_ns(value, None)  # ISO text, the second after the first
+            return value
         if not (
             all(math.isfinite(share) and share >= 0 for share in value)
             and value[0] > 0
             and math.isclose(sum(value), 1.0, abs_tol=1e-6)
         ):
-            raise ValueError(
-                "must be three shares >= 0, train > 0, that add up to 1; write it like 0.8,0.1,0.1"
-            )
+            raise ValueError(shares_or_dates)
         return value
 
     @field_validator("preset")
@@ -332,3 +352,11 @@ def _describe(detail: Any, values: Mapping[str, Any], sources: Mapping[str, str]
     about = field.description.rstrip(".") if field is not None and field.description else ""
     about_text = f" ({key}: {about})" if about else ""
     return f"{where} = {values.get(key)!r} is invalid: {reason}{about_text}"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

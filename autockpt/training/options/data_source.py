@@ -3,11 +3,11 @@ on disk for one that does not (NOTE [Row cache] in :mod:`tft.data.streamed.row_c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 from autockpt import format_bytes, parse_budget
 from autockpt.errors import BudgetError, ConfigError
+from autockpt.progress import report_progress
 from tft.data.columns import ColumnRoles
 from tft.data.normalize import Normalizer
 from tft.data.streamed.row_cache import cache_folder
@@ -26,7 +26,7 @@ def read_windows(
     roles: ColumnRoles | None,
     encoder_length: int,
     horizon: int,
-    split_fractions: Sequence[float] | None = (0.7, 0.15, 0.15),
+    split: tuple[float, float, float] | tuple[str, str] | None = (0.7, 0.15, 0.15),
     normalizer: Normalizer | None = None,
     max_host_memory: str,
     cache: Path | None,
@@ -35,6 +35,8 @@ def read_windows(
     """The windows of ``path``, and a note when they are streamed from a row cache.
 
     Args:
+        split: three shares of the timestamps or the two dates where validation and test
+            begin (``--split``); None keeps the file whole.
         max_host_memory: the host memory the data may hold (``--max-host-memory``); a file
             whose rows need more in memory is streamed.
         cache: the row cache folder the user named (``--data-cache``): the file is streamed
@@ -50,6 +52,8 @@ def read_windows(
         raise ConfigError(
             f"--max-host-memory {max_host_memory!r} is not a size; write it like 1GB, 800MB or 2GiB"
         ) from None
+    split_fractions = split if split is None or len(split) == 3 else None
+    split_times = split if split is not None and len(split) == 2 else None
     needed = in_memory_bytes(path)
     if cache is None and needed <= limit:
         data = load_windows(
@@ -58,6 +62,7 @@ def read_windows(
             encoder_length=encoder_length,
             horizon=horizon,
             split_fractions=split_fractions,
+            split_times=split_times,
             normalizer=normalizer,
         )
         return data, None
@@ -70,8 +75,10 @@ def read_windows(
         encoder_length=encoder_length,
         horizon=horizon,
         split_fractions=split_fractions,
+        split_times=split_times,
         normalizer=normalizer,
         check_source=cache is not None,
+        progress=report_progress,  # NOTE [Progress on long waits]
     )
     why = (
         "--data-cache was given"

@@ -142,7 +142,7 @@ def prepare(
             roles=column_roles(config) if normalizer is None else None,
             encoder_length=config.encoder_length or preset.encoder_length,
             horizon=config.horizon or preset.horizon,
-            split_fractions=config.split,
+            split=config.split,
             normalizer=normalizer,
             max_host_memory=config.max_host_memory,
             cache=config.data_cache,

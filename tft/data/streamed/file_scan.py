@@ -49,13 +49,24 @@ from tft.data.columns import (
 )
 from tft.data.normalize import Scale, _transform_target
 from tft.data.role_inference import symbol_hint
+from tft.data.streamed.build_progress import BuildProgress, RowsRead, build_pass
 from tft.data.timestamps import read_times
 
-__all__ = ["ChunkRows", "FileLayout", "RowWalker", "fit_statistics", "read_chunks", "scan_layout"]
+__all__ = [
+    "ChunkRows",
+    "FileLayout",
+    "RowWalker",
+    "fit_statistics",
+    "read_chunks",
+    "scan_layout",
+]
 
 
-def read_chunks(path: Path, columns: list[str], chunk_rows: int) -> Iterator[tuple[int, pa.Table]]:
-    """``(file row of the chunk's first row, chunk)`` for chunks of at most ``chunk_rows`` rows.
+def read_chunks(
+    path: Path, columns: list[str], chunk_rows: int, rows_read: RowsRead | None = None
+) -> Iterator[tuple[int, pa.Table]]:
+    """``(file row of the chunk's first row, chunk)`` for chunks of at most ``chunk_rows`` rows;
+    ``rows_read`` is told how far the reading is after each chunk.
 
     Raises:
         DataError: the file cannot be read as Parquet, or has no rows.
@@ -68,6 +79,8 @@ def read_chunks(path: Path, columns: list[str], chunk_rows: int) -> Iterator[tup
         for batch in reader.iter_batches(batch_size=chunk_rows, columns=columns):
             yield first, pa.Table.from_batches([batch])
             first += batch.num_rows
+            if rows_read is not None:
+                rows_read(first, reader.metadata.num_rows)
     except (pa.ArrowException, OSError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise _error(
@@ -238,6 +251,7 @@ def scan_layout(
     known_symbols: list[str] | None,
     chunk_rows: int,
     candidate_columns: list[str],
+    progress: BuildProgress | None = None,
 ) -> FileLayout:
     """The first pass: row order and target checks, symbols, counts, times and constancy.
 
@@ -264,7 +278,8 @@ def scan_layout(
     times: list[np.ndarray] = []
     merged = np.empty(0, dtype=np.int64)
     num_rows = 0
-    for first_row, table in read_chunks(path, [*walker.columns(), *textual], chunk_rows):
+    read = build_pass(progress, 1, "the symbols, times and checks")
+    for first_row, table in read_chunks(path, [*walker.columns(), *textual], chunk_rows, read):
         num_rows += table.num_rows
         rows = walker.rows(first_row, table)
         names = np.asarray(walker.symbols, dtype=object)
@@ -398,7 +413,11 @@ class FittedStatistics:
 
 
 def fit_statistics(
-    path: Path, layout: FileLayout, cuts: tuple[int, int], chunk_rows: int
+    path: Path,
+    layout: FileLayout,
+    cuts: tuple[int, int],
+    chunk_rows: int,
+    progress: BuildProgress | None = None,
 ) -> FittedStatistics:
     """The second pass: scales and categories of the training rows (times before ``cuts[0]``)."""
     roles, symbols = layout.roles, layout.symbols
@@ -413,7 +432,8 @@ def fit_statistics(
     moments = {name: _Moments(len(symbols)) for name in reals}
     seen: dict[str, set[str]] = {name: set() for name in categorical}
     columns = list(dict.fromkeys([*walker.columns(), *reals, *categorical]))
-    for first_row, table in read_chunks(path, columns, chunk_rows):
+    read = build_pass(progress, 2, "the training rows' scales")
+    for first_row, table in read_chunks(path, columns, chunk_rows, read):
         rows = walker.rows(first_row, table)
         training = rows.time_ns < cuts[0]
         index = rows.symbol_index[training]

@@ -52,7 +52,8 @@ from tft.data.normalize import Normalizer
 from tft.data.role_inference import infer_roles
 from tft.data.row_files import RowFiles
 from tft.data.rows import Rows, _calendar
-from tft.data.splits import split_cuts
+from tft.data.splits import cut_points
+from tft.data.streamed.build_progress import BuildProgress, build_pass
 from tft.data.streamed.file_scan import (
     FileLayout,
     RowWalker,
@@ -106,6 +107,9 @@ class RowCacheMeta(BaseModel):
     """The roles asked for when the normaliser was fitted; None when one was given."""
     fitted_on: list[float] | None
     """The split the normaliser was fitted with (its training rows); None when given."""
+    fitted_on_times_ns: list[int] | None = None
+    """The split times it was fitted with, where the split is by dates (then ``fitted_on``
+    is None)."""
     normalizer: dict[str, Any]
     num_rows: int
     widths: dict[str, int]
@@ -136,15 +140,26 @@ def _reusable(
     source: SourceFile,
     roles: ColumnRoles | None,
     normalizer: Normalizer | None,
-    split_fractions: Sequence[float] | None,
+    split: _Split,
 ) -> bool:
     if meta.source != source:
         return False
     if normalizer is not None:
         return meta.normalizer == normalizer.to_dict()
     given = (roles or ColumnRoles()).model_dump(mode="json")
-    fractions = list(split_fractions) if split_fractions is not None else None
-    return meta.given_roles == given and meta.fitted_on == fractions
+    fitted_on = (meta.fitted_on, meta.fitted_on_times_ns)
+    return meta.given_roles == given and fitted_on == _fitted_on(split)
+
+
+_Split = tuple[Sequence[float] | None, tuple[int, int] | None]
+"""(split fractions, split starts in ns): the split of a run, by shares or by dates."""
+
+
+def _fitted_on(split: _Split) -> tuple[list[float] | None, list[int] | None]:
+    fractions, starts_ns = split
+    if starts_ns is not None:
+        return None, list(starts_ns)
+    return (list(fractions) if fractions is not None else None), None
 
 
 def cached_rows(
@@ -154,8 +169,10 @@ def cached_rows(
     roles: ColumnRoles | None,
     normalizer: Normalizer | None,
     split_fractions: Sequence[float] | None,
+    split_starts_ns: tuple[int, int] | None = None,
     chunk_rows: int,
     check_source: bool = True,
+    progress: BuildProgress | None = None,
 ) -> tuple[Rows, RowCacheMeta, np.ndarray]:
     """The rows of ``path`` from the cache ``folder``, building it first when needed.
 
@@ -163,9 +180,12 @@ def cached_rows(
         folder: the cache folder (:func:`cache_folder`); created, or replaced when it holds
             the same file encoded another way.
         roles, normalizer, split_fractions: as :func:`tft.data.windows.load_windows` takes them.
+        split_starts_ns: a split by dates (:func:`tft.data.splits.split_starts_ns`), which
+            replaces ``split_fractions``.
         chunk_rows: rows per chunk read from the file while building.
         check_source: refuse a folder made from another file (a folder the user named)
             instead of replacing it.
+        progress: told what a build is doing, a line after each chunk of each pass.
 
     Returns:
         (rows mapped from the folder, its description, the sorted distinct times of the rows).
@@ -181,8 +201,9 @@ def cached_rows(
             f"{folder} holds the row cache of {meta.source.path}, not of {source.path}; pass "
             "another --data-cache folder or delete that one"
         )
-    if meta is None or not _reusable(meta, source, roles, normalizer, split_fractions):
-        meta = _build(path, folder, source, roles, normalizer, split_fractions, chunk_rows)
+    split = (split_fractions, split_starts_ns)
+    if meta is None or not _reusable(meta, source, roles, normalizer, split):
+        meta = _build(path, folder, source, roles, normalizer, split, (chunk_rows, progress))
     rows = _open(folder, meta)
     distinct = np.fromfile(folder / "distinct_times.bin", dtype=np.int64)
     return rows, meta, distinct
@@ -222,9 +243,10 @@ def _build(
     source: SourceFile,
     roles: ColumnRoles | None,
     normalizer: Normalizer | None,
-    split_fractions: Sequence[float] | None,
-    chunk_rows: int,
+    split: _Split,
+    reading: tuple[int, BuildProgress | None],
 ) -> RowCacheMeta:
+    chunk_rows, progress = reading  # rows per chunk, and who hears how far each pass is
     schema = _read_schema(path)
     given_normalizer = normalizer is not None
     asked = roles if roles is not None else normalizer.roles if normalizer else ColumnRoles()
@@ -235,14 +257,13 @@ def _build(
         if name == asked.timestamp
         or (name not in asked.ignore and _usable(schema.field(name).type))
     ]
-    layout = scan_layout(
-        path, schema, asked, normalizer.symbols if normalizer else None, chunk_rows, candidates
-    )
+    known_symbols = normalizer.symbols if normalizer else None
+    layout = scan_layout(path, schema, asked, known_symbols, chunk_rows, candidates, progress)
     if normalizer is not None and layout.roles != normalizer.roles:
         raise _error(path, _roles_difference(layout.roles, normalizer.roles))
     if normalizer is None:
-        cuts = split_cuts(layout.distinct_times, split_fractions)
-        fitted = fit_statistics(path, layout, cuts, chunk_rows)
+        cuts = cut_points(path, layout.distinct_times, *split)
+        fitted = fit_statistics(path, layout, cuts, chunk_rows, progress)
         normalizer = Normalizer(
             roles=layout.roles,
             symbols=layout.symbols,
@@ -254,13 +275,12 @@ def _build(
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     try:
-        meta = _write_rows(path, partial, source, layout, normalizer, chunk_rows)
+        meta = _write_rows(path, partial, source, layout, normalizer, reading)
         meta = meta.model_copy(
             update={
                 "given_roles": None if given_normalizer else asked.model_dump(mode="json"),
-                "fitted_on": None
-                if given_normalizer or split_fractions is None
-                else list(split_fractions),
+                "fitted_on": None if given_normalizer else _fitted_on(split)[0],
+                "fitted_on_times_ns": None if given_normalizer else _fitted_on(split)[1],
             }
         )
         layout.distinct_times.astype(np.int64).tofile(partial / "distinct_times.bin")
@@ -281,9 +301,10 @@ def _write_rows(
     source: SourceFile,
     layout: FileLayout,
     normalizer: Normalizer,
-    chunk_rows: int,
+    reading: tuple[int, BuildProgress | None],
 ) -> RowCacheMeta:
     """The third pass: encode each chunk and write its rows at their symbols' places."""
+    chunk_rows, progress = reading
     roles = layout.roles
     observed_reals = roles.real_columns(roles.observed or [])
     known_reals = roles.real_columns(roles.known)
@@ -313,7 +334,8 @@ def _write_rows(
         dict.fromkeys([*walker.columns(), *observed_reals, *known_reals, *time_varying, *static])
     )
     try:
-        for first_row, table in read_chunks(path, columns, chunk_rows):
+        read = build_pass(progress, 3, "encoding the rows")
+        for first_row, table in read_chunks(path, columns, chunk_rows, read):
             rows = walker.rows(first_row, table)
             index = rows.symbol_index
             n = len(index)

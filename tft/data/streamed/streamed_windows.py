@@ -18,9 +18,19 @@ import pyarrow.parquet as pq
 
 from tft.data.columns import ColumnRoles, _read_schema
 from tft.data.normalize import Normalizer
-from tft.data.splits import split_cuts, split_labels, split_windows, too_short, window_starts
+from tft.data.splits import (
+    SplitTimes,
+    check_window_options,
+    cut_points,
+    split_labels,
+    split_starts_ns,
+    split_windows,
+    too_short,
+    window_starts,
+)
+from tft.data.streamed.build_progress import BuildProgress
 from tft.data.streamed.row_cache import cached_rows
-from tft.data.windows import WindowedData, _check_options, windowed_data
+from tft.data.windows import WindowedData, windowed_data
 
 __all__ = ["chunk_rows_for", "in_memory_bytes", "stream_windows"]
 
@@ -57,9 +67,11 @@ def stream_windows(
     encoder_length: int,
     horizon: int,
     split_fractions: Sequence[float] | None = (0.7, 0.15, 0.15),
+    split_times: SplitTimes | None = None,
     normalizer: Normalizer | None = None,
     check_source: bool = False,
     chunk_rows: int | None = None,
+    progress: BuildProgress | None = None,
 ) -> WindowedData:
     """Like :func:`tft.data.windows.load_windows`, with the rows in a cache folder instead of memory.
 
@@ -70,22 +82,28 @@ def stream_windows(
         check_source: refuse a cache folder made from another file instead of rebuilding it
             (a folder the user named).
         chunk_rows: rows per chunk instead of the size ``max_host_bytes`` gives.
+        progress: told what the cache's build is doing, a line after each chunk it reads
+            (``building the row cache, pass 2 of 3 (...): 1,200,000 of 4,000,000 rows``).
 
     Raises:
         DataError, ConfigError: as :func:`tft.data.windows.load_windows`, and a cache folder of
             another file when ``check_source`` is set.
     """
     path = Path(path)
-    _check_options(encoder_length, horizon, split_fractions)
+    check_window_options(encoder_length, horizon, split_fractions, split_times)
     schema = _read_schema(path)
+    timezone = (roles or (normalizer.roles if normalizer else None) or ColumnRoles()).timezone
+    starts_ns = split_starts_ns(split_times, timezone) if split_times is not None else None
     rows, meta, distinct_times = cached_rows(
         path,
         cache,
         roles=roles,
         normalizer=normalizer,
         split_fractions=split_fractions,
+        split_starts_ns=starts_ns,
         chunk_rows=chunk_rows or chunk_rows_for(path, max_host_bytes),
         check_source=check_source,
+        progress=progress,
     )
     # A cache is reused only with the normaliser asked for (or fitted as asked).
     fitted = Normalizer.from_dict(meta.normalizer)
@@ -95,12 +113,13 @@ def stream_windows(
     if len(whole) == 0:
         raise too_short(path, None, longest, encoder_length, horizon)
     split_starts, cuts = [np.empty(0, dtype=np.int64)] * 3, None
-    if split_fractions is not None:
-        cuts = split_cuts(distinct_times, split_fractions)
+    if split_fractions is not None or starts_ns is not None:
+        shares = None if starts_ns is not None else split_fractions
+        cuts = cut_points(path, distinct_times, shares, starts_ns)
         labels = _labels(rows.time_ns, cuts)
         if rows.files is not None:
             rows.files.release()
-        split_starts = split_windows(path, labels, symbol_bounds, split_fractions, window)
+        split_starts = split_windows(path, labels, symbol_bounds, shares, window)
     starts = [*split_starts, whole]
     return windowed_data(rows, starts, fitted, schema, meta.unknown_rows, window, None, cuts)
 
