@@ -918,6 +918,24 @@ MUTATIONS = (
         ("tests/tft/test_streamed_windows.py",),
     ),
     Mutation(
+        "warm-up-forgotten-at-a-chunk-edge",
+        "a streamed symbol forgets at each chunk's edge which inputs it has seen a value of, so "
+        "a real NaN after the warm-up is dropped as one, with its windows",
+        "tft/data/warmup.py",
+        "            self.seen[code] = seen[last]\n",
+        "            self.seen.pop(code, None)\n",
+        ("tests/tft/test_warmup.py",),
+    ),
+    Mutation(
+        "streamed-warm-up-kept",
+        "a file streamed past --max-host-memory keeps its indicators' warm-up rows and is "
+        "refused for their NaNs",
+        "tft/data/streamed/file_scan.py",
+        "        cold = ~self.warmup.warm(table, ext_local[keep], ext_codes[keep])\n",
+        "        cold = self.warmup.warm(table, ext_local[keep], ext_codes[keep]) | True\n",
+        ("tests/tft/test_warmup.py",),
+    ),
+    Mutation(
         "a-date-is-taken-for-a-bar-time",
         "a text column of dates alone counts as the bars' times, so an export with a date "
         "beside its time column has its timestamp asked for",

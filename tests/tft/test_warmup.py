@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tft.data.columns import ColumnRoles
+from tests.tft.test_streamed_windows import _assert_same
 from tft.data.streamed.streamed_windows import stream_windows
 from tft.data.windows import load_windows
 from tft.errors import DataError
@@ -84,14 +84,34 @@ def test_a_nan_after_the_warm_up_is_refused_with_the_count_and_first_row(tmp_pat
         load_windows(path, **WINDOW)
 
 
-def test_the_streamed_path_refuses_warm_up_rows_and_says_why(tmp_path: Path) -> None:
-    path = _write(tmp_path, _bars((13, 13, 13)))
-    with pytest.raises(DataError, match="raise --max-host-memory to read it in memory"):
-        stream_windows(
-            path,
-            tmp_path / "cache",
-            max_host_bytes=1 << 30,
-            chunk_rows=50,
-            roles=ColumnRoles(),
-            **WINDOW,
-        )
+@pytest.mark.parametrize("chunk_rows", [7, 50, 10_000])
+def test_the_streamed_path_drops_the_same_rows_across_chunk_edges(
+    tmp_path: Path, chunk_rows: int
+) -> None:
+    # Chunks of 7 rows cut each 20-row warm-up (60 file rows, interleaved) many times over.
+    path = _write(tmp_path, _bars((13, 13, 20)))
+    split = {**WINDOW, "split_fractions": (0.7, 0.15, 0.15)}
+    memory = load_windows(path, **split)
+    streamed = stream_windows(
+        path, tmp_path / "cache", max_host_bytes=1 << 30, chunk_rows=chunk_rows, **split
+    )
+    _assert_same(memory, streamed)  # the rows, the windows, the scales, the column table
+    assert str({c.name: c.note for c in streamed.columns}["ma"]).startswith("4 warm-up rows")
+    # Reading the cache back gives the table's counts without building it again.
+    again = stream_windows(path, tmp_path / "cache", max_host_bytes=1 << 30, **split)
+    assert again.columns == memory.columns
+
+
+def test_the_streamed_path_refuses_a_gap_and_a_column_with_no_value(tmp_path: Path) -> None:
+    path = _write(tmp_path, _bars((13, 13, 13), gap_at=100))
+    stream = {"max_host_bytes": 1 << 30, "chunk_rows": 50, **WINDOW}
+    with pytest.raises(DataError, match=r"column 'rsi' is null/NaN or infinite at 1 rows of the"):
+        stream_windows(path, tmp_path / "c1", **stream)
+    empty = _bars((0, 0, 0)).set_column(4, "ma", pa.array(np.full(3 * MINUTES, np.nan)))
+    path = _write(tmp_path, empty, "empty.parquet")
+    with pytest.raises(DataError, match=r"column 'ma' has no finite value") as memory:
+        load_windows(path, **WINDOW)
+    with pytest.raises(DataError) as streamed:
+        stream_windows(path, tmp_path / "c2", **stream)
+    assert str(streamed.value) == str(memory.value)
+    assert not (tmp_path / "c1").exists() and not (tmp_path / "c2").exists()

@@ -430,14 +430,8 @@ def _check_finite(
     first = bad[np.argmin(file_rows[bad])]
     value = values[first]
     shown = "null/NaN" if np.isnan(value) else str(value)
-    # NOTE [Warm-up rows]: the in-memory path drops leading NaNs before this check.
-    where = (
-        "rows"
-        if whole
-        else "rows of the chunk read with it (a file streamed past --max-host-memory keeps "
-        "each symbol's leading warm-up NaNs too; raise --max-host-memory to read it in memory, "
-        "where they are dropped)"
-    )
+    # NOTE [Warm-up rows]: each symbol's leading NaNs are dropped before this check.
+    where = "rows" if whole else "rows of the chunk read with it"
     raise _error(
         path,
         f"column '{name}' is null/NaN or infinite at {len(bad):,} {where}, the first row "

@@ -12,7 +12,9 @@ anywhere else is still refused, with the count and the first row
 
 Rows are dropped after the target's transform, so the first kept row's log return is taken
 against the bar before it, which is real. The streamed path (a file past ``max_host_bytes``)
-does not drop warm-up rows yet: it refuses them as it refuses any NaN, and says so.
+finds the same rows a chunk at a time (:class:`RunningWarmup`): a symbol's row is warm-up
+exactly when some real input has had no finite value in that symbol's rows up to it, so each
+symbol only needs to carry, from chunk to chunk, which inputs it has seen a value of.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pyarrow as pa
 
 from tft.data.columns import ColumnRoles, _float_column
 
-__all__ = ["real_inputs", "warmup_rows"]
+__all__ = ["RunningWarmup", "real_inputs", "warmup_rows"]
 
 
 def real_inputs(roles: ColumnRoles) -> list[str]:
@@ -31,29 +33,67 @@ def real_inputs(roles: ColumnRoles) -> list[str]:
 
 
 def warmup_rows(
-    table: pa.Table, names: list[str], file_rows: np.ndarray, codes: np.ndarray, num_symbols: int
+    table: pa.Table, names: list[str], file_rows: np.ndarray, codes: np.ndarray
 ) -> tuple[np.ndarray, dict[str, int]]:
-    """Which rows are some real input's warm-up (NOTE [Warm-up rows]), and each column's
-    warm-up rows.
+    """Which rows of the whole file are some real input's warm-up (NOTE [Warm-up rows]), and
+    each column's warm-up rows; a column with no finite value at all is left to the finite
+    check, which refuses it as such.
 
     Args:
         file_rows: the file row of each row, rows grouped by symbol in time order.
         codes: each row's symbol index (grouped: non-decreasing).
     """
-    bounds = np.searchsorted(codes, np.arange(num_symbols + 1))
-    starts, ends = bounds[:-1], bounds[1:]
-    longest = np.zeros(num_symbols, dtype=np.int64)
-    counts: dict[str, int] = {}
-    for name in names:
-        finite = np.flatnonzero(np.isfinite(_float_column(table, name)[file_rows]))
-        if len(finite) == 0:
-            continue  # no value at all: not a warm-up, refused as such by the finite check
-        # Each symbol's first finite row: the first finite index at or after its start.
-        at = np.searchsorted(finite, starts)
-        first = np.where(at < len(finite), finite[np.minimum(at, len(finite) - 1)], len(codes))
-        lead = np.minimum(first, ends) - starts  # (S,) leading non-finite rows
-        if lead.any():
-            counts[name] = int(lead.sum())
-            longest = np.maximum(longest, lead)
-    position = np.arange(len(codes)) - starts[codes]  # each row's place within its symbol
-    return position < longest[codes], counts
+    some = [n for n in names if np.isfinite(_float_column(table, n)[file_rows]).any()]
+    running = RunningWarmup(some)
+    return running.warm(table, file_rows, codes), running.warmup_counts()
+
+
+class RunningWarmup:
+    """The warm-up rows of a file read a chunk at a time, the same rows :func:`warmup_rows`
+    finds in the whole file (NOTE [Warm-up rows]).
+
+    Args:
+        names: the real inputs (:func:`real_inputs` of the resolved roles).
+    """
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.counts = dict.fromkeys(names, 0)
+        """Each column's warm-up rows so far (rows before its first value in their symbol)."""
+        # Per symbol code: which inputs have had a finite value in its rows so far.
+        self.seen: dict[int, np.ndarray] = {}
+
+    def warm(self, table: pa.Table, local: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        """Which of a chunk's kept rows are warm-up; ``local`` is each row's place in the
+        chunk's ``table``, ``codes`` its symbol, rows grouped by symbol in time order."""
+        if not self.names or len(codes) == 0:
+            return np.zeros(len(codes), dtype=bool)
+        finite = np.stack(
+            [np.isfinite(_float_column(table, name)[local]) for name in self.names], axis=1
+        )
+        new_group = np.concatenate([[True], codes[1:] != codes[:-1]])
+        group = np.cumsum(new_group) - 1
+        starts = np.flatnonzero(new_group)
+        total = np.cumsum(finite, axis=0)
+        before = total[starts] - finite[starts]  # each group's count before its first row
+        none = np.zeros(len(self.names), dtype=bool)
+        carried = np.stack([self.seen.get(int(code), none) for code in codes[starts]])
+        seen = (total - before[group] > 0) | carried[group]
+        ends = np.concatenate([starts[1:], [len(codes)]]) - 1
+        for code, last in zip(codes[starts].tolist(), ends.tolist(), strict=True):
+            self.seen[code] = seen[last]
+        for name, count in zip(self.names, (~seen).sum(axis=0).tolist(), strict=True):
+            self.counts[name] += count
+        return ~seen.all(axis=1)
+
+    def never_seen(self) -> str | None:
+        """A real input with no finite value in any symbol's rows (not a warm-up: refused),
+        or None."""
+        for index, name in enumerate(self.names):
+            if not any(seen[index] for seen in self.seen.values()):
+                return name
+        return None
+
+    def warmup_counts(self) -> dict[str, int]:
+        """The column table's warm-up rows of each column that has any."""
+        return {name: count for name, count in self.counts.items() if count}

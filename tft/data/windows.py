@@ -351,7 +351,7 @@ def load_windows(
         file_rows,
     )
     time_ns, codes, file_rows = time_ns[keep], codes[keep], file_rows[keep]
-    warm, warmup_counts = warmup_rows(table, real_inputs(roles), file_rows, codes, len(symbols))
+    warm, warmup_counts = warmup_rows(table, real_inputs(roles), file_rows, codes)
     if warm.any():  # NOTE [Warm-up rows]
         time_ns, codes, file_rows, target = (a[~warm] for a in (time_ns, codes, file_rows, target))
     symbol_bounds = np.searchsorted(codes, np.arange(len(symbols) + 1))

@@ -1,32 +1,22 @@
-"""A Parquet file of bars read in chunks of rows: its rows in window order, and its statistics.
+"""A Parquet file of bars read in chunks of rows: its rows in window order, and its layout.
 
 :func:`read_chunks` gives the file a bounded number of rows at a time; :class:`RowWalker`
 turns each chunk into its kept rows grouped by symbol (the order of NOTE [Rows, windows and
 splits] in :mod:`tft.data.windows`), carrying each symbol's last bar from one chunk to the next so that
-the target transform and the order checks see the file as a whole. :func:`scan_layout` and
-:func:`fit_statistics` are the two passes that find what :func:`tft.data.windows.load_windows` finds by
-holding the file: the symbols, their row counts and the distinct timestamps (for the splits),
-which text columns are constant within a symbol, the column roles, and the scales and
-categories fitted on the training rows. :mod:`tft.data.streamed.row_cache` writes the encoded rows.
-
-NOTE [Streaming statistics]
-The in-memory path fits a mean per symbol, then the spread about it (two passes over the
-values it holds). Streaming keeps, per symbol and column, the count and the sums of
-``x - s`` and ``(x - s)**2`` about a shift ``s``, the symbol's first training value; the
-variance is ``E[(x-s)^2] - E[x-s]^2``. With the shift near the values, a price near 2400 with
-moves of 0.1 keeps its variance (the cancellation the unshifted ``E[x^2] - E[x]^2`` suffers is
-that of the spread around the first price, not around zero). The sums are in float64 and
-grouped differently from the in-memory ones, so scales agree to about 1e-12 relative; the
-float32 inputs are then equal but for a rare last bit (``tests/tft/test_streamed_windows.py``).
+the target transform and the order checks see the file as a whole. :func:`scan_layout` is the first
+pass, finding what :func:`tft.data.windows.load_windows` finds by holding the file: the
+symbols, their row counts and the distinct timestamps (for the splits), which text columns are
+constant within a symbol, the column roles; :mod:`tft.data.streamed.fitted_scales` is the
+second (the scales and categories of the training rows), and
+:mod:`tft.data.streamed.row_cache` writes the encoded rows.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tft.data.categories import category_text, fit_categories
+from tft.data.categories import category_text
 from tft.data.columns import (
     ColumnRoles,
     _check_finite,
@@ -47,16 +37,16 @@ from tft.data.columns import (
     _symbol_codes,
     check_symbols_known,
 )
-from tft.data.normalize import Scale, _transform_target
+from tft.data.normalize import _transform_target
 from tft.data.role_inference import symbol_hint
 from tft.data.streamed.build_progress import BuildProgress, RowsRead, build_pass
 from tft.data.timestamps import read_times
+from tft.data.warmup import RunningWarmup, real_inputs
 
 __all__ = [
     "ChunkRows",
     "FileLayout",
     "RowWalker",
-    "fit_statistics",
     "read_chunks",
     "scan_layout",
 ]
@@ -129,12 +119,20 @@ class RowWalker:
     Args:
         symbols: the symbol names rows are coded by; None discovers them (first pass), in the
             order they appear.
+        warmup: drops each symbol's warm-up rows of these real inputs (NOTE [Warm-up rows]
+            in :mod:`tft.data.warmup`), carrying what each symbol has seen between chunks.
     """
 
     def __init__(
-        self, path: Path, roles: ColumnRoles, symbol: str | None, symbols: list[str] | None
+        self,
+        path: Path,
+        roles: ColumnRoles,
+        symbol: str | None,
+        symbols: list[str] | None,
+        warmup: RunningWarmup | None = None,
     ) -> None:
         self.path, self.roles, self.symbol = path, roles, symbol
+        self.warmup = warmup if warmup is not None else RunningWarmup([])
         self.hint = symbol_hint(_read_schema(path), roles.model_copy(update={"symbol": symbol}))
         self.discover = symbols is None
         self.symbols: list[str] = [] if symbols is None else list(symbols)
@@ -143,8 +141,8 @@ class RowWalker:
 
     def columns(self) -> list[str]:
         """The columns every walk reads."""
-        named = [self.roles.timestamp, self.symbol, self.roles.target]
-        return [name for name in named if name is not None]
+        named = [self.roles.timestamp, self.symbol, self.roles.target, *self.warmup.names]
+        return list(dict.fromkeys(name for name in named if name is not None))
 
     def _codes(self, table: pa.Table) -> np.ndarray:
         if not self.discover or self.symbol is None:
@@ -214,12 +212,14 @@ class RowWalker:
                 float(ext_price[i]),
                 int(ext_file[i]),
             )
+        # Warm-up rows go after the transform, as in memory (NOTE [Warm-up rows]).
+        cold = ~self.warmup.warm(table, ext_local[keep], ext_codes[keep])
         return ChunkRows(
-            local=ext_local[keep],
-            file_rows=ext_file[keep],
-            symbol_index=ext_codes[keep],
-            time_ns=ext_time[keep],
-            target=np.asarray(target, dtype=np.float64),
+            local=ext_local[keep][cold],
+            file_rows=ext_file[keep][cold],
+            symbol_index=ext_codes[keep][cold],
+            time_ns=ext_time[keep][cold],
+            target=np.asarray(target, dtype=np.float64)[cold],
         )
 
 
@@ -242,6 +242,7 @@ class FileLayout:
     kept_per_symbol: np.ndarray  # (S,) int64 kept rows of each symbol, in symbol order
     distinct_times: np.ndarray  # sorted int64 ns of the kept rows
     num_file_rows: int
+    warmup_counts: dict[str, int]  # the warm-up rows of each real input that has any
 
 
 def scan_layout(
@@ -262,9 +263,10 @@ def scan_layout(
     if symbol is not None and symbol not in schema.names:
         symbol = None  # _resolve_roles below names the missing column
     lookup = roles.model_copy(update={"symbol": symbol})
-    # Every role error that needs no pass over the rows is raised before the pass.
-    _resolve_roles(path, schema, roles, lambda name, grouping: True)
-    walker = RowWalker(path, lookup, symbol, None)
+    # Every role error that needs no pass over the rows is raised before the pass. Which text
+    # columns are constant changes no real input, so the warm-up's columns are known now.
+    early = _resolve_roles(path, schema, roles, lambda name, grouping: True)
+    walker = RowWalker(path, lookup, symbol, None, RunningWarmup(real_inputs(early)))
     textual = [
         name
         for name in candidate_columns
@@ -297,6 +299,9 @@ def scan_layout(
             ):
                 varying.add(name)
     merged = np.unique(np.concatenate([merged, *times]))
+    never = walker.warmup.never_seen()
+    if never is not None:  # refused as the in-memory finite check refuses it
+        _check_finite(path, never, np.array([np.nan]), np.zeros(1, dtype=np.int64))
     present = sorted(walker.symbols)
     symbols = present if known_symbols is None else known_symbols
     check_symbols_known(path, symbol, present, symbols)
@@ -311,6 +316,7 @@ def scan_layout(
         kept_per_symbol=np.asarray([kept.get(s, 0) for s in symbols], dtype=np.int64),
         distinct_times=merged,
         num_file_rows=num_rows,
+        warmup_counts=walker.warmup.warmup_counts(),
     )
 
 
@@ -339,120 +345,3 @@ def _constant_in_chunk(
         if first.setdefault(str(names[code]), value) != value:
             return False
     return True
-
-
-# ---------------------------------------------------------------------------- statistics
-
-
-@dataclass
-class _Moments:
-    """Shifted sums of one column's training values, per symbol and over all symbols."""
-
-    num_symbols: int
-    count: np.ndarray = field(init=False)
-    shift: np.ndarray = field(init=False)
-    sum1: np.ndarray = field(init=False)
-    sum2: np.ndarray = field(init=False)
-    overall: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # n, sum1, sum2
-    overall_shift: float | None = None
-
-    def __post_init__(self) -> None:
-        self.count = np.zeros(self.num_symbols, dtype=np.int64)
-        self.shift = np.full(self.num_symbols, math.nan)
-        self.sum1 = np.zeros(self.num_symbols)
-        self.sum2 = np.zeros(self.num_symbols)
-
-    def add(self, values: np.ndarray, index: np.ndarray) -> None:
-        if len(values) == 0:
-            return
-        new = np.isnan(self.shift)
-        codes, first = np.unique(index, return_index=True)
-        fresh = new[codes]
-        self.shift[codes[fresh]] = values[first[fresh]]
-        deviations = values - self.shift[index]
-        size = self.num_symbols
-        self.count += np.bincount(index, minlength=size)
-        self.sum1 += np.bincount(index, weights=deviations, minlength=size)
-        self.sum2 += np.bincount(index, weights=deviations * deviations, minlength=size)
-        if self.overall_shift is None:
-            self.overall_shift = float(values[0])
-        overall = values - self.overall_shift
-        self.overall[0] += len(values)
-        self.overall[1] += float(overall.sum())
-        self.overall[2] += float((overall * overall).sum())
-
-    def scale(self, *, per_symbol: bool) -> Scale:
-        """The scale ``fit_scale`` gives (NOTE [Streaming statistics])."""
-        n, s1, s2 = self.overall
-        overall_mean = (self.overall_shift or 0.0) + s1 / max(n, 1)
-        overall_std = math.sqrt(max(s2 / max(n, 1) - (s1 / max(n, 1)) ** 2, 0.0))
-        if not (overall_std > 0 and math.isfinite(overall_std)):
-            overall_std = 1.0
-        if not per_symbol:
-            return Scale(
-                mean=[overall_mean] * self.num_symbols, std=[overall_std] * self.num_symbols
-            )
-        seen = self.count > 0
-        counts = np.maximum(self.count, 1)
-        centre = self.sum1 / counts
-        means = np.where(seen, np.nan_to_num(self.shift) + centre, overall_mean)
-        stds = np.sqrt(np.maximum(self.sum2 / counts - centre * centre, 0.0))
-        stds = np.where(
-            seen & (stds > 0) & np.isfinite(stds), stds, np.where(seen, 1.0, overall_std)
-        )
-        return Scale(mean=means.tolist(), std=stds.tolist())
-
-
-@dataclass(frozen=True)
-class FittedStatistics:
-    """The target's and each real column's scale, and each categorical column's categories."""
-
-    target: Scale
-    reals: dict[str, Scale]
-    categories: dict[str, list[str]]
-
-
-def fit_statistics(
-    path: Path,
-    layout: FileLayout,
-    cuts: tuple[int, int],
-    chunk_rows: int,
-    progress: BuildProgress | None = None,
-) -> FittedStatistics:
-    """The second pass: scales and categories of the training rows (times before ``cuts[0]``)."""
-    roles, symbols = layout.roles, layout.symbols
-    reals = roles.real_columns([*(roles.observed or []), *roles.known])
-    categorical = [
-        *roles.categorical_columns(roles.observed or []),
-        *roles.categorical_columns(roles.known),
-        *(roles.static or []),
-    ]
-    walker = RowWalker(path, roles, roles.symbol, symbols)
-    target = _Moments(len(symbols))
-    moments = {name: _Moments(len(symbols)) for name in reals}
-    seen: dict[str, set[str]] = {name: set() for name in categorical}
-    columns = list(dict.fromkeys([*walker.columns(), *reals, *categorical]))
-    read = build_pass(progress, 2, "the training rows' scales")
-    for first_row, table in read_chunks(path, columns, chunk_rows, read):
-        rows = walker.rows(first_row, table)
-        training = rows.time_ns < cuts[0]
-        index = rows.symbol_index[training]
-        target.add(rows.target[training], index)
-        for name in reals:
-            values = rows.take(table, name)
-            _check_finite(path, name, values, rows.file_rows, whole=False)
-            moments[name].add(values[training], index)
-        if categorical and training.any():
-            picked = pa.array(rows.local[training])
-            for name in categorical:
-                text = category_text(table, name).take(picked)
-                seen[name].update(v for v in pc.unique(text).to_pylist() if v is not None)
-    per_symbol = roles.scaling == "per_symbol"
-    return FittedStatistics(
-        target=target.scale(per_symbol=per_symbol),
-        reals={name: m.scale(per_symbol=per_symbol) for name, m in moments.items()},
-        categories={
-            name: fit_categories(path, name, pa.array(sorted(seen[name]), type=pa.string()))
-            for name in categorical
-        },
-    )

@@ -57,11 +57,12 @@ from tft.data.streamed.build_progress import BuildProgress, build_pass
 from tft.data.streamed.file_scan import (
     FileLayout,
     RowWalker,
-    fit_statistics,
     hand_back_freed_memory,
     read_chunks,
     scan_layout,
 )
+from tft.data.streamed.fitted_scales import fit_statistics
+from tft.data.warmup import RunningWarmup, real_inputs
 from tft.errors import DataError
 
 __all__ = ["RowCacheMeta", "cache_folder", "cached_rows"]
@@ -117,6 +118,8 @@ class RowCacheMeta(BaseModel):
     num_known_categorical: int
     symbol_bounds: list[int]
     unknown_rows: dict[str, int]
+    warmup_rows: dict[str, int] = {}
+    """Each real input's warm-up rows dropped (NOTE [Warm-up rows])."""
     distinct_times: int
 
 
@@ -329,7 +332,8 @@ def _write_rows(
         files[name] = (file, row_bytes)
     written = bounds[:-1].copy()
     unknown_rows = dict.fromkeys([*time_varying, *static], 0)
-    walker = RowWalker(path, roles, roles.symbol, layout.symbols)
+    warmup = RunningWarmup(real_inputs(roles))
+    walker = RowWalker(path, roles, roles.symbol, layout.symbols, warmup)
     columns = list(
         dict.fromkeys([*walker.columns(), *observed_reals, *known_reals, *time_varying, *static])
     )
@@ -339,6 +343,8 @@ def _write_rows(
             rows = walker.rows(first_row, table)
             index = rows.symbol_index
             n = len(index)
+            if n == 0:  # every row of the chunk warm-up (or a first bar): nothing to write
+                continue
             observed = np.empty((n, widths["observed"]), dtype=np.float32)
             observed[:, 0] = normalizer.target.apply(rows.target, index)
             known = np.empty((n, widths["known"]), dtype=np.float32)
@@ -386,6 +392,7 @@ def _write_rows(
         num_known_categorical=len(roles.categorical_columns(roles.known)),
         symbol_bounds=bounds.tolist(),
         unknown_rows=unknown_rows,
+        warmup_rows=layout.warmup_counts,
         distinct_times=len(layout.distinct_times),
     )
 

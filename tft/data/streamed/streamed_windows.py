@@ -121,7 +121,8 @@ def stream_windows(
             rows.files.release()
         split_starts = split_windows(path, labels, symbol_bounds, shares, window)
     starts = [*split_starts, whole]
-    return windowed_data(rows, starts, fitted, schema, meta.unknown_rows, window, None, cuts)
+    counts = meta.warmup_rows
+    return windowed_data(rows, starts, fitted, schema, meta.unknown_rows, window, counts, cuts)
 
 
 def _labels(time_ns: np.ndarray, cuts: tuple[int, int], block: int = 1 << 20) -> np.ndarray:
