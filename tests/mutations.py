@@ -936,6 +936,22 @@ MUTATIONS = (
         ("tests/tft/test_warmup.py",),
     ),
     Mutation(
+        "killed-build-left-on-disk",
+        "the partial row cache a build killed with kill -9 left stays on disk for good",
+        "autockpt/training/options/data_source.py",
+        "    removed = remove_stale_builds(folder, any_name=cache is None)\n",
+        "    removed: list[tuple[Path, int]] = []\n",
+        ("tests/tft/test_stale_builds.py",),
+    ),
+    Mutation(
+        "a-running-build-removed",
+        "a run removes the partial cache another process is still building",
+        "tft/data/streamed/row_cache.py",
+        "        os.kill(pid, 0)\n",
+        "        raise ProcessLookupError\n",
+        ("tests/tft/test_stale_builds.py",),
+    ),
+    Mutation(
         "a-date-is-taken-for-a-bar-time",
         "a text column of dates alone counts as the bars' times, so an export with a date "
         "beside its time column has its timestamp asked for",

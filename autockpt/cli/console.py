@@ -48,7 +48,9 @@ def windows_progress(
 ) -> Iterator[Callable[[int, int], None] | None]:
     """A progress bar over windows for a long command (``predict``, ``interpret``): yields the
     ``(windows done, windows in all)`` callback the library calls after each batch, or None
-    where stdout is not a terminal (a file, a pipe, a test), which gets no bar."""
+    where stdout is not a terminal (a file, a pipe, a test), which gets no bar. Until the
+    first batch the bar says what the wait is (a row cache's build: NOTE [Progress on long
+    waits])."""
     if not writes_to_terminal(sys.stdout):
         yield None
         return
@@ -59,9 +61,10 @@ def windows_progress(
         task = bar.add_task(description, total=None)
 
         def advance(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+            bar.update(task, completed=done, total=total, description=description)
 
-        yield advance
+        with showing_progress(lambda text: bar.update(task, description=text, refresh=True)):
+            yield advance
 
 
 @contextlib.contextmanager

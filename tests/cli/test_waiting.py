@@ -29,6 +29,20 @@ def test_on_a_terminal_the_spinner_follows_the_work(monkeypatch: pytest.MonkeyPa
     assert stream.getvalue() == ""
 
 
+def test_the_windows_bar_says_what_it_waits_on_before_the_first_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cli_console, "writes_to_terminal", lambda file: True)
+    stream = io.StringIO()
+    terminal = Console(file=stream, force_terminal=True, width=160)
+    with cli_console.windows_progress(terminal, "forecasting") as advance:
+        report_progress("building the row cache, pass 1 of 3")
+        assert advance is not None
+        advance(10, 100)
+    shown = stream.getvalue()
+    assert "building the row cache, pass 1 of 3" in shown and "forecasting" in shown
+
+
 def test_a_command_prints_no_progress_where_nobody_watches(
     sample_parquet: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,7 +10,7 @@ from autockpt.errors import BudgetError, ConfigError
 from autockpt.progress import report_progress
 from tft.data.columns import ColumnRoles
 from tft.data.normalize import Normalizer
-from tft.data.streamed.row_cache import cache_folder
+from tft.data.streamed.row_cache import cache_folder, remove_stale_builds
 from tft.data.streamed.streamed_windows import in_memory_bytes, stream_windows
 from tft.data.windows import WindowedData, load_windows
 
@@ -67,6 +67,9 @@ def read_windows(
         )
         return data, None
     folder = cache if cache is not None else cache_folder(runs_root / CACHE_FOLDER, path)
+    # NOTE [Row cache]: a build killed outright leaves its partial folder; the default cache
+    # folder holds only builds, so any stale one there goes, beside a named one only its own.
+    removed = remove_stale_builds(folder, any_name=cache is None)
     data = stream_windows(
         path,
         folder,
@@ -86,4 +89,9 @@ def read_windows(
         else f"its rows need about {format_bytes(needed)} in memory, more than "
         f"--max-host-memory {max_host_memory}"
     )
-    return data, f"{path}: streamed from the row cache {folder} ({why})"
+    note = f"{path}: streamed from the row cache {folder} ({why})"
+    if removed:
+        names = ", ".join(partial.name for partial, _ in removed)
+        held = format_bytes(sum(size for _, size in removed))
+        note += f"; removed the partial builds of stopped runs ({names}: {held})"
+    return data, note

@@ -22,11 +22,15 @@ on the buffer size and is not the in-memory path's order for a small file.
 The cache is keyed by the source file's resolved path, size and modification time. It is
 reused when those match and it was encoded the same way (the same normaliser, or fitted with
 the same roles and split); otherwise it is rebuilt. It is written into a sibling folder and
-renamed into place, so a failed or interrupted build leaves nothing behind.
+renamed into place, so a failed or interrupted build leaves nothing behind, except where the
+process is killed outright (``kill -9``, the machine's out-of-memory killer): then the sibling
+``<name>.partial-<pid>`` stays, possibly gigabytes of it, and :func:`remove_stale_builds`
+removes it on the next run, once no process of that id is running.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import mmap
 import os
@@ -65,7 +69,7 @@ from tft.data.streamed.fitted_scales import fit_statistics
 from tft.data.warmup import RunningWarmup, real_inputs
 from tft.errors import DataError
 
-__all__ = ["RowCacheMeta", "cache_folder", "cached_rows"]
+__all__ = ["RowCacheMeta", "cache_folder", "cached_rows", "remove_stale_builds"]
 
 _VERSION = 1
 _META = "rows.json"
@@ -128,6 +132,34 @@ def cache_folder(root: Path, path: Path) -> Path:
     resolved = path.resolve()
     digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
     return root / f"{resolved.stem}-{digest}"
+
+
+def remove_stale_builds(folder: Path, *, any_name: bool = False) -> list[tuple[Path, int]]:
+    """Remove the partial builds beside ``folder`` whose process is gone (NOTE [Row cache]):
+    ``<folder name>.partial-<pid>``, or every ``*.partial-<pid>`` in its parent with
+    ``any_name`` (a folder of caches that only builds write to). Returns each removed folder
+    with the bytes it held."""
+    removed = []
+    pattern = "*" if any_name else glob.escape(folder.name)
+    for partial in sorted(folder.parent.glob(f"{pattern}.partial-*")):
+        pid = partial.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or not partial.is_dir() or _running(int(pid)):
+            continue
+        held = sum(file.stat().st_size for file in partial.rglob("*") if file.is_file())
+        shutil.rmtree(partial, ignore_errors=True)
+        removed.append((partial, held))
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (signal 0 checks, sends nothing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process, or an id no process can have: keep it
+    return True
 
 
 def _read_meta(folder: Path) -> RowCacheMeta | None:
