@@ -952,6 +952,42 @@ MUTATIONS = (
         ("tests/tft/test_stale_builds.py",),
     ),
     Mutation(
+        "folder-rows-in-file-order",
+        "a folder's files are read in path order without putting the rows in time order, so "
+        "daily files named or listed out of order are refused as unsorted bars",
+        "tft/data/sources/parquet_folder.py",
+        "    order = np.lexsort((time_ns, codes))\n",
+        '    order = np.argsort(codes, kind="stable")\n',
+        ("tests/tft/test_parquet_folder.py",),
+    ),
+    Mutation(
+        "same-bar-in-two-files-unnamed",
+        "the same bar in two files of a folder is refused as a repeated row of one table, "
+        "naming no file",
+        "tft/data/sources/parquet_folder.py",
+        "    if not same.any():\n",
+        "    if True:\n",
+        ("tests/tft/test_parquet_folder.py",),
+    ),
+    Mutation(
+        "folder-schemas-not-promoted",
+        "a column stored as integers in one file and floats in another ends the read with "
+        "a traceback",
+        "tft/data/sources/parquet_folder.py",
+        '        unified = pa.unify_schemas([unified, schema], promote_options="permissive")\n',
+        '        unified = pa.unify_schemas([unified, schema], promote_options="default")\n',
+        ("tests/tft/test_parquet_folder.py",),
+    ),
+    Mutation(
+        "predict-builds-a-second-cache",
+        "predict on the run's own file builds a second row cache beside the run folders "
+        "instead of reading the one the run named with --data-cache",
+        "autockpt/training/forecasts/predict.py",
+        "            cache=Path(run_cache) if run_cache and same_file else None,\n",
+        "            cache=None,\n",
+        ("tests/training/test_predict_cache.py",),
+    ),
+    Mutation(
         "a-date-is-taken-for-a-bar-time",
         "a text column of dates alone counts as the bars' times, so an export with a date "
         "beside its time column has its timestamp asked for",

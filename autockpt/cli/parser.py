@@ -85,7 +85,11 @@ def _add_model_options(parser: argparse.ArgumentParser, *, data: bool = True) ->
     """Options shared by plan, train and demo: the model, the data roles, the budget."""
     if data:
         parser.add_argument(
-            "data", nargs="?", type=Path, help="Parquet file of bars (default: the bundled sample)"
+            "data",
+            nargs="?",
+            type=Path,
+            help="Parquet file of bars, or a folder of them (hive folders' keys are columns; "
+            "default: the bundled sample)",
         )
     group = parser.add_argument_group("model and budget")
     group.add_argument(
@@ -304,7 +308,9 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _predict_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", type=Path, help="run folder (its best.pt is used)")
-    parser.add_argument("data", type=Path, help="Parquet file with the run's columns")
+    parser.add_argument(
+        "data", type=Path, help="Parquet file (or folder of them) with the run's columns"
+    )
     parser.add_argument("-o", "--output", type=Path, required=True, help="Parquet file to write")
     parser.add_argument("--device", help="cpu, cuda or auto (default: auto)")
     parser.add_argument("--batch-size", type=int, help="windows per forward (default: 256)")
@@ -317,7 +323,9 @@ def _predict_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _interpret_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", type=Path, help="run folder (its best.pt is used)")
-    parser.add_argument("data", type=Path, help="Parquet file with the run's columns")
+    parser.add_argument(
+        "data", type=Path, help="Parquet file (or folder of them) with the run's columns"
+    )
     parser.add_argument("--json", type=Path, help="write the weights as JSON here")
     parser.add_argument("--plot", type=Path, help="draw the importances and attention by lag (PNG)")
     parser.add_argument("--device", help="cpu, cuda or auto (default: auto)")

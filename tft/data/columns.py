@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
+from tft.data.sources.parquet_folder import folder_schema, read_folder
 from tft.errors import DataError
 
 __all__ = ["NO_SYMBOL", "ColumnRoles"]
@@ -119,8 +120,8 @@ def _columns_hint(schema: pa.Schema) -> str:
 def _read_schema(path: Path) -> pa.Schema:
     if not path.exists():
         raise _error(path, "no such file; check the path or write one with `autockpt make-data`")
-    if path.is_dir():
-        raise _error(path, "is a folder, not a Parquet file; pass the path of a .parquet file")
+    if path.is_dir():  # NOTE [A folder of files as one dataset]
+        return folder_schema(path)
     try:
         return pq.read_schema(path)
     except (pa.ArrowException, OSError) as error:
@@ -331,6 +332,10 @@ def _roles_difference(file_roles: ColumnRoles, fitted: ColumnRoles) -> str:
 
 
 def _read_table(path: Path, columns: list[str]) -> pa.Table:
+    """The columns of a file, or of a folder's files with a column naming each row's file
+    (NOTE [A folder of files as one dataset])."""
+    if path.is_dir():
+        return read_folder(path, columns)
     try:
         table = pq.read_table(path, columns=columns)
     except (pa.ArrowException, OSError) as error:

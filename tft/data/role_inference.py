@@ -45,7 +45,9 @@ from tft.data.columns import (
     _usable,
     how_to_name,
 )
+from tft.data.sources.parquet_folder import first_rows, source_files
 from tft.data.timestamps import epoch_unit, timestamp_type_problem
+from tft.errors import DataError
 
 __all__ = ["SAMPLE_ROWS", "infer_roles", "symbol_hint"]
 
@@ -111,12 +113,11 @@ def _symbol_by_repeats(
     if not texts:
         return None
     try:
-        batches = pq.ParquetFile(path).iter_batches(
-            batch_size=SAMPLE_ROWS, columns=[timestamp, *texts]
-        )
-        sample = pa.Table.from_batches([next(batches)])
-    except (StopIteration, pa.ArrowException, OSError):
+        sample = first_rows(path, [timestamp, *texts], SAMPLE_ROWS)
+    except (pa.ArrowException, OSError, DataError):
         return None  # an empty or unreadable file: loading says so in its own words
+    if sample.num_rows == 0:
+        return None
     times = _comparable(sample[timestamp])
     if len(np.unique(times)) == len(times):
         return None
@@ -160,11 +161,10 @@ def _text_times(path: Path, schema: pa.Schema) -> list[str]:
     texts = [field.name for field in schema if _is_text(field.type)]
     if not texts:
         return []
-    batches = pq.ParquetFile(path).iter_batches(batch_size=TEXT_TIME_ROWS, columns=texts)
-    first = next(batches, None)
-    if first is None:
+    first = first_rows(path, texts, TEXT_TIME_ROWS)
+    if first.num_rows == 0:
         return []
-    return [name for name in texts if _reads_as_times(first.column(name).drop_null())]
+    return [name for name in texts if _reads_as_times(first[name].combine_chunks().drop_null())]
 
 
 def _reads_as_times(values: pa.Array) -> bool:
@@ -185,19 +185,31 @@ def _reads_as_times(values: pa.Array) -> bool:
 def _first_and_last(path: Path, name: str) -> pa.ChunkedArray:
     """The smallest and largest values of an integer column, from the file's statistics where
     it keeps them, else from its first rows."""
-    parquet = pq.ParquetFile(path)
+    ends: list[int] | None = []
+    for file in source_files(path):  # a folder's files each keep their own statistics
+        ends = _statistics_ends(pq.ParquetFile(file), name, ends)
+        if ends is None:
+            break
+    if not ends:
+        first = first_rows(path, [name], SAMPLE_ROWS)[name]
+        ends = [v for v in (first[0].as_py(), first[-1].as_py()) if v is not None]
+    return pa.chunked_array([pa.array([min(ends), max(ends)], pa.int64())])
+
+
+def _statistics_ends(
+    parquet: pq.ParquetFile, name: str, ends: list[int] | None
+) -> list[int] | None:
+    """``ends`` and the smallest and largest value of each row group, or None where a row
+    group keeps no statistics (or the file lacks the column)."""
     index = parquet.schema_arrow.get_field_index(name)
-    ends: list[int] = []
+    if index < 0 or ends is None:
+        return None
     for group in range(parquet.metadata.num_row_groups):
         stats = parquet.metadata.row_group(group).column(index).statistics
         if stats is None or not stats.has_min_max:
-            ends = []
-            break
-        ends += [stats.min, stats.max]
-    if not ends:
-        first = next(parquet.iter_batches(batch_size=SAMPLE_ROWS, columns=[name]))[0]
-        ends = [v for v in (first[0].as_py(), first[-1].as_py()) if v is not None]
-    return pa.chunked_array([pa.array([min(ends), max(ends)], pa.int64())])
+            return None
+        ends = [*ends, stats.min, stats.max]
+    return ends
 
 
 def _check_named_columns(path: Path, schema: pa.Schema, roles: ColumnRoles) -> None:

@@ -78,6 +78,7 @@ from tft.data.normalize import Normalizer, _transform_target
 from tft.data.role_inference import infer_roles, symbol_hint
 from tft.data.row_files import RowFiles
 from tft.data.rows import InputEncoder, Rows
+from tft.data.sources.parquet_folder import bar_order
 from tft.data.splits import (
     SplitTimes,
     check_window_options,
@@ -337,7 +338,7 @@ def load_windows(
     codes, symbols = _symbol_codes(
         path, table, roles.symbol, normalizer.symbols if normalizer else None
     )
-    file_rows = np.argsort(codes, kind="stable") if len(symbols) > 1 else np.arange(len(codes))
+    file_rows = bar_order(path, table, time_ns, codes, symbols)
     time_ns, codes = time_ns[file_rows], codes[file_rows]
     _check_order(path, time_ns, codes, file_rows, symbols, symbol_hint(schema, roles))
     first_of_symbol = np.concatenate([[True], codes[1:] != codes[:-1]])

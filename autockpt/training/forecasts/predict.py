@@ -89,14 +89,21 @@ class TrainedOnFile:
         """Raises RunError, DataError or DeviceError as :func:`predict` documents.
 
         A file too large for ``max_host_memory`` (unset: the run's setting) is streamed from
-        a row cache beside the run folder (NOTE [Row cache] in :mod:`tft.data.streamed.row_cache`).
+        a row cache beside the run folder (NOTE [Row cache] in :mod:`tft.data.streamed.row_cache`);
+        the run's own file is read through the cache the run named with ``--data-cache``, if
+        it named one: its rows were encoded with this normaliser and need no second build.
         """
         run = RunFolder.open(run_dir, need=(BEST_FILE,))
         resolved = resolve_device(device)
         model, config, normalizer = load_trained_model(run, resolved)
+        settings = run.read_config()
         if max_host_memory is None:
-            saved = run.read_config().get("max_host_memory")
+            saved = settings.get("max_host_memory")
             max_host_memory = saved if isinstance(saved, str) else DEFAULT_MAX_HOST_MEMORY
+        run_cache = settings.get("data_cache")
+        same_file = (
+            settings.get("data") and Path(settings["data"]).resolve() == Path(data).resolve()
+        )
         windows, _ = read_windows(
             Path(data),
             roles=None,
@@ -105,7 +112,7 @@ class TrainedOnFile:
             split=None,
             normalizer=normalizer,
             max_host_memory=max_host_memory,
-            cache=None,
+            cache=Path(run_cache) if run_cache and same_file else None,
             runs_root=run.path.parent,
         )
         return cls(run, resolved, model, config, normalizer, windows)

@@ -41,7 +41,8 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     data: Path | None = None
-    """Parquet file of bars; unset means the bundled sample examples/data/sample.parquet."""
+    """Parquet file of bars, or a folder of them read as one (NOTE [A folder of files as one
+    dataset]); unset means the bundled sample examples/data/sample.parquet."""
     preset: str = "small"
     """model size, one of tiny, small, tft-225; tiny trains on a laptop CPU in seconds."""
     epochs: int = 10

@@ -315,8 +315,16 @@ def start_run(config: TrainConfig, *, world: World = SINGLE_PROCESS) -> tuple[Se
     if not world.is_main:
         return setup, RunFolder(out)
     run = RunFolder.create(out)
-    # The data path is stored absolute so that --resume works from any folder.
-    resolved = setup.config.model_copy(update={"out": out, "data": setup.data_path.resolve()})
+    # The data path (and its cache's) is stored absolute so that --resume and predict work
+    # from any folder.
+    cache = setup.config.data_cache
+    resolved = setup.config.model_copy(
+        update={
+            "out": out,
+            "data": setup.data_path.resolve(),
+            "data_cache": cache.resolve() if cache is not None else None,
+        }
+    )
     run.write_config(resolved.model_dump(mode="json"))
     run.write_plan(setup.plan.model_dump_json(indent=2))
     run.write_columns(setup)

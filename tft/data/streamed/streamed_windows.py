@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from tft.data.columns import ColumnRoles, _read_schema
 from tft.data.normalize import Normalizer
+from tft.data.sources.parquet_folder import source_files
 from tft.data.splits import (
     SplitTimes,
     check_window_options,
@@ -44,12 +45,13 @@ _CHUNK_BYTES_PER_VALUE = 8 * 4 * 4
 
 
 def in_memory_bytes(path: Path) -> int:
-    """About what :func:`tft.data.windows.load_windows` holds for ``path`` (from its footer alone)."""
+    """About what :func:`tft.data.windows.load_windows` holds for ``path``, a file or a
+    folder of them (from their footers alone)."""
     try:
-        metadata = pq.ParquetFile(path).metadata
+        footers = [pq.ParquetFile(file).metadata for file in source_files(path)]
     except Exception:  # noqa: BLE001 - load_windows reports a bad file in its own words
         return 0
-    return metadata.num_rows * metadata.num_columns * _IN_MEMORY_BYTES_PER_VALUE
+    return sum(m.num_rows * m.num_columns for m in footers) * _IN_MEMORY_BYTES_PER_VALUE
 
 
 def chunk_rows_for(path: Path, max_host_bytes: int) -> int:

@@ -1,0 +1,242 @@
+"""A folder of Parquet files read as one table of bars: exports a file per day, month or
+contract, often in hive-style folders (``symbol=ES/year=2024/part-0.parquet``).
+
+NOTE [A folder of files as one dataset]
+Every file under the folder whose name does not start with ``.`` or ``_`` (what Spark and
+pandas write beside the data: ``_SUCCESS``, ``.crc``) is one part of the dataset, in any order.
+The reading is ``pyarrow.dataset``'s, with the checks a trader's folder needs put in front of
+it, because the dataset API alone gets three things wrong for bars:
+- Schemas. It takes the first file's schema and fails, or reads nulls, on a later file that
+  adds a column or stores ``volume`` as a float. Here every file's footer is read (the schemas
+  only, no rows) and unified: a column missing from some files is null there, integers and
+  floats of one column are read as float64; anything else (text in one file, numbers in
+  another) is refused in one line naming both files and the column.
+- Partitions. Hive keys become columns (a symbol that lives only in the folder's name can be
+  the symbol column); a key that is also a column inside the files is refused, naming both.
+- Order. Files come in any order, so the rows are put in time order within each symbol after
+  reading (:func:`tft.data.windows.load_windows`); the same bar (symbol and time) in two
+  files is refused naming both files (:func:`duplicate_bars`), where one file with a repeated
+  bar keeps the single file's message. A file that is not Parquet among good ones is named.
+A folder is read into memory; one past ``--max-host-memory`` is refused for now (the row
+cache streams one file).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from tft.errors import DataError
+
+__all__ = [
+    "FILE_COLUMN",
+    "bar_order",
+    "duplicate_bars",
+    "first_rows",
+    "folder_bytes",
+    "folder_files",
+    "folder_schema",
+    "read_folder",
+    "source_files",
+]
+
+FILE_COLUMN = "__file"
+"""The column :func:`read_folder` adds: the index, in :func:`folder_files`, of each row's file."""
+
+
+def _error(path: Path, text: str) -> DataError:
+    return DataError(f"{path}: {' '.join(text.split())}")
+
+
+def folder_files(folder: Path) -> list[Path]:
+    """The data files of ``folder``, sorted by path (NOTE [A folder of files as one dataset]).
+
+    Raises:
+        DataError: the folder holds no file at all.
+    """
+    files = sorted(
+        path
+        for path in folder.rglob("*")
+        if path.is_file()
+        and not any(part.startswith((".", "_")) for part in path.relative_to(folder).parts)
+    )
+    if not files:
+        raise _error(
+            folder, "is a folder with no data files in it; pass a folder of Parquet files of bars"
+        )
+    return files
+
+
+def _partitioning() -> ds.Partitioning | ds.PartitioningFactory:
+    # Keys as plain strings and integers: a dictionary type would make each file's symbols
+    # a different category set.
+    return ds.HivePartitioning.discover(infer_dictionary=False)
+
+
+def _file_schemas(folder: Path, files: list[Path]) -> list[pa.Schema]:
+    schemas = []
+    for path in files:
+        try:
+            schemas.append(pq.read_schema(path))
+        except (pa.ArrowException, OSError) as error:
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise _error(
+                folder,
+                f"{path.relative_to(folder)} cannot be read as Parquet ({reason}); move it out "
+                "of the folder or replace it with the Parquet file it should be",
+            ) from None
+    return schemas
+
+
+def folder_schema(folder: Path) -> pa.Schema:
+    """The columns of every file of ``folder`` unified, with its hive keys as columns.
+
+    Raises:
+        DataError: a file that is not Parquet, a column whose types cannot be unified (naming
+            both files), a hive key that is also a column in the files.
+    """
+    files = folder_files(folder)
+    schemas = _file_schemas(folder, files)
+    unified = schemas[0]
+    first_with: dict[str, Path] = {field.name: files[0] for field in schemas[0]}
+    for path, schema in zip(files[1:], schemas[1:], strict=True):
+        for field in schema:
+            if field.name in unified.names:
+                try:
+                    pa.unify_schemas(
+                        [pa.schema([unified.field(field.name)]), pa.schema([field])],
+                        promote_options="permissive",
+                    )
+                except (pa.ArrowTypeError, pa.ArrowInvalid):
+                    before = first_with[field.name]
+                    raise _error(
+                        folder,
+                        f"column '{field.name}' is {unified.field(field.name).type} in "
+                        f"{before.relative_to(folder)} and {field.type} in "
+                        f"{path.relative_to(folder)}; write it with one type in every file",
+                    ) from None
+            else:
+                first_with[field.name] = path
+        unified = pa.unify_schemas([unified, schema], promote_options="permissive")
+    keys = _partition_keys(folder, files)
+    for key in keys:
+        if key.name in unified.names:
+            raise _error(
+                folder,
+                f"the folder names key '{key.name}' (as in {key.name}=...) is also a column in "
+                f"{first_with[key.name].relative_to(folder)}; rename the folders or the column",
+            )
+    return pa.unify_schemas([unified, keys])
+
+
+def _partition_keys(folder: Path, files: list[Path]) -> pa.Schema:
+    """The hive keys of the folders the files are in (``key=value``), their types inferred;
+    no fields where there are none."""
+    names = {
+        part.split("=", 1)[0]
+        for path in files
+        for part in path.relative_to(folder).parts[:-1]
+        if "=" in part
+    }
+    if not names:
+        # Discovery with no key to find reports the files' own columns as keys: ask it not.
+        return pa.schema([])
+    dataset = ds.dataset(
+        [str(path) for path in files],
+        format="parquet",
+        partitioning=_partitioning(),
+        partition_base_dir=str(folder),
+    )
+    return pa.schema([field for field in dataset.partitioning.schema if field.name in names])
+
+
+def read_folder(folder: Path, columns: list[str]) -> pa.Table:
+    """``columns`` of every file of ``folder`` in one table (files in path order, rows in
+    file order), with :data:`FILE_COLUMN`.
+
+    Raises:
+        DataError: as :func:`folder_schema`, or a folder with no rows.
+    """
+    files = folder_files(folder)
+    schema = folder_schema(folder)
+    tables = []
+    for index, path in enumerate(files):
+        dataset = ds.dataset(
+            [str(path)],
+            schema=schema,
+            format="parquet",
+            partitioning=_partitioning(),
+            partition_base_dir=str(folder),
+        )
+        table = dataset.to_table(columns=columns)
+        tables.append(table.append_column(FILE_COLUMN, pa.array(np.full(table.num_rows, index))))
+    table = pa.concat_tables(tables)
+    if table.num_rows == 0:
+        raise _error(folder, "has no rows in any of its files; pass a folder with bars in it")
+    return table
+
+
+def source_files(path: Path) -> list[Path]:
+    """The Parquet files of a data path: a folder's (:func:`folder_files`), or the file."""
+    return folder_files(path) if path.is_dir() else [path]
+
+
+def first_rows(path: Path, columns: list[str], rows: int) -> pa.Table:
+    """The first ``rows`` rows of ``columns`` of a file or a folder (its first files'), for a
+    look at what the columns hold; an empty table where there are none."""
+    if not path.is_dir():
+        batch = next(pq.ParquetFile(path).iter_batches(batch_size=rows, columns=columns), None)
+        return pa.Table.from_batches([batch]) if batch is not None else pa.table({})
+    dataset = ds.dataset(
+        [str(file) for file in folder_files(path)],
+        schema=folder_schema(path),
+        format="parquet",
+        partitioning=_partitioning(),
+        partition_base_dir=str(path),
+    )
+    return dataset.head(rows, columns=columns)
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of ``folder``'s data files on disk."""
+    return sum(path.stat().st_size for path in folder_files(folder))
+
+
+def duplicate_bars(
+    folder: Path, files: np.ndarray, time_ns: np.ndarray, codes: np.ndarray, symbols: list[str]
+) -> None:
+    """Refuse the same bar in two files: rows sorted by symbol then time, ``files`` each
+    row's :data:`FILE_COLUMN`.
+
+    Raises:
+        DataError: naming the symbol, the time and both files.
+    """
+    same = (codes[1:] == codes[:-1]) & (time_ns[1:] == time_ns[:-1]) & (files[1:] != files[:-1])
+    if not same.any():
+        return
+    at = int(np.flatnonzero(same)[0])
+    names = folder_files(folder)
+    first, second = (names[int(files[i])].relative_to(folder) for i in (at, at + 1))
+    raise _error(
+        folder,
+        f"the bar of {symbols[int(codes[at])]} at {np.datetime64(int(time_ns[at]), 'ns')} is in "
+        f"both {first} and {second}; keep it in one file",
+    )
+
+
+def bar_order(
+    path: Path, table: pa.Table, time_ns: np.ndarray, codes: np.ndarray, symbols: list[str]
+) -> np.ndarray:
+    """The table's rows grouped by symbol: in file order for one file (whose order the
+    checks hold it to), in time order for a folder's files, which come in any order, the
+    same bar in two of them refused (:func:`duplicate_bars`)."""
+    if FILE_COLUMN not in table.column_names:
+        return np.argsort(codes, kind="stable") if len(symbols) > 1 else np.arange(len(codes))
+    order = np.lexsort((time_ns, codes))
+    files = table[FILE_COLUMN].to_numpy()[order]
+    duplicate_bars(path, files, time_ns[order], codes[order], symbols)
+    return order
