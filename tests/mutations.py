@@ -988,6 +988,15 @@ MUTATIONS = (
         ("tests/training/test_predict_cache.py",),
     ),
     Mutation(
+        "refusal-measures-one-lowest-choice",
+        "a refusal measures one choice at the chain model's lowest peak, the cheapest, and "
+        "names 550 KiB where a 488 KiB plan exists",
+        "autockpt/planner/solve/chain_solver.py",
+        "    return [cheapest] if cheapest.choice == lowest.choice else [cheapest, lowest]\n",
+        "    return [cheapest]\n",
+        ("tests/planner/test_plan.py",),
+    ),
+    Mutation(
         "a-date-is-taken-for-a-bar-time",
         "a text column of dates alone counts as the bars' times, so an export with a date "
         "beside its time column has its timestamp asked for",

@@ -361,6 +361,24 @@ def test_micro_batch_counts_need_not_divide_the_batch():
         torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-4)
 
 
+def test_a_refusal_names_one_minimum_whatever_the_budget_and_it_plans(fixed_time_model):
+    """NOTE [One minimum]: on this MLP at 32 micro-batches two choices share the chain
+    model's lowest estimate and measure 498,768 and 565,840 bytes; on fixed times the
+    cheaper one is the second, and the refusal named 550 KiB while 488 KiB planned."""
+    model, inputs = MLPStack(64, 6, 0.0), (torch.randn(256, 64),)
+    roomy = autockpt.plan(model, inputs, 10**12)
+    tight = autockpt.plan(model, inputs, roomy.minimum_feasible_bytes - 1)
+    with pytest.raises(autockpt.InfeasibleBudgetError) as at_one_byte:
+        autockpt.plan(model, inputs, 1)
+    minimum = at_one_byte.value.minimum_bytes
+    with pytest.raises(autockpt.InfeasibleBudgetError) as just_under:
+        autockpt.plan(model, inputs, minimum - 1024)
+    assert just_under.value.minimum_bytes == minimum
+    assert autockpt.plan(model, inputs, minimum).fits
+    # The chain model's lowest estimate is met by a measured plan here: the refusal names it.
+    assert minimum <= tight.minimum_feasible_bytes * 1.01
+
+
 def test_a_plan_says_which_options_its_minimum_covers():
     """NOTE [One minimum]: at a large budget the search stops at plain recompute and says so;
     at a budget recompute cannot meet it examines every option, and its minimum is lower."""

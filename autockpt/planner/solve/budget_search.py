@@ -21,7 +21,13 @@ from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_decoding import Decision, decode, kept_decision
 from autockpt.planner.solve.chain_positions import Profiles
-from autockpt.planner.solve.chain_solver import Chain, Solution, minimum_peak, solve
+from autockpt.planner.solve.chain_solver import (
+    Chain,
+    Solution,
+    lowest_peak_choices,
+    minimum_peak,
+    solve,
+)
 from autockpt.planner.solve.chain_terms import micro_batch_counts
 from autockpt.planner.solve.refusal import infeasible_error
 
@@ -189,7 +195,11 @@ class BudgetSearch:
         return None
 
     def lowest_peak_decisions(self) -> list[Decision]:
-        return [self._decode(chain, minimum_peak(chain), count) for count, chain in self.chains()]
+        return [
+            self._decode(chain, choice, count)
+            for count, chain in self.chains()
+            for choice in lowest_peak_choices(chain)
+        ]
 
     def minimum_peak_bytes(self) -> int:
         return min(minimum_peak(chain).peak_bytes for _, chain in self.chains())
