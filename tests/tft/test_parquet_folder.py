@@ -128,7 +128,10 @@ def test_what_a_folder_holds_that_cannot_be_read_is_named(
     day = next((clash / "symbol=ES").iterdir())
     rows = pq.read_table(day)
     pq.write_table(rows.append_column("symbol", pa.array(["ES"] * rows.num_rows)), day)
-    with pytest.raises(DataError, match=r"the folder names key 'symbol' .* is also a column in"):
+    with pytest.raises(
+        DataError,
+        match=r"the folders' key 'symbol' \(symbol=\.\.\. in their names\) is also a column in",
+    ):
         load_windows(clash, **WINDOW)
 
 
@@ -138,9 +141,12 @@ def test_plan_and_train_take_a_folder_as_the_file(
     folder = write_folder(sample_parquet, tmp_path / "bars")
     records = []
     for data in (sample_parquet, folder):
-        args = ["train", str(data), "--preset", "tiny", "--vram-budget", "8MB", "--epochs", "1"]
+        # The plain step: a plan chosen by timing could differ between the runs, and with
+        # dropout on, micro-batches draw other masks.
+        args = ["train", str(data), "--preset", "tiny", "--no-gradient-checkpointing"]
         out = tmp_path / f"run-{data.name}"
-        assert main([*args, "--max-steps-per-epoch", "3", "--out", str(out), "--quiet"]) == 0
+        steps = ["--epochs", "1", "--max-steps-per-epoch", "3"]
+        assert main([*args, *steps, "--out", str(out), "--quiet"]) == 0
         records.append([json.loads(line) for line in capsys.readouterr().out.splitlines()])
     # The same windows, batches and losses.
     assert records[0][0]["split"] == records[1][0]["split"]
