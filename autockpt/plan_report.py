@@ -183,7 +183,7 @@ def _no_budget_text() -> str:
 def _minimum_scope(plan: Plan) -> str:
     """What the minimum on the plan's line covers (NOTE [One minimum])."""
     if plan.minimum_searched == "every option":
-        return "(the planner's estimate)"
+        return "(the lowest plan, measured: a budget of it plans)"
     return (
         f"(the planner's estimate, with {plan.minimum_searched}: a cheaper plan fitted, so "
         "a lower budget searches further and may plan below it)"

@@ -4,8 +4,9 @@ NOTE [Progress on long waits]
 Planning a model takes seconds to a minute (tracing, measuring on fake tensors, timing the
 segments, the search, a verifying step) and a row cache of a large file minutes; a silent
 wait that long looks like a hang. The work reports what it is doing by calling
-:func:`report_progress` with a line of text ("timing the segments on the real model",
-"building the row cache: encoding 1,200,000 of 4,000,000 rows"), and whoever waits says how
+:func:`report_progress` with a line of text ("planning: timing the segments on the real
+model", "building the row cache, pass 3 of 3 (encoding the rows): 1,200,000 of 4,000,000
+rows"), and whoever waits says how
 to show it by installing a reporter around the work with :func:`showing_progress`:
 the command line installs a spinner on a terminal and none under ``--quiet`` or in a file or
 a pipe; :func:`autockpt.plan` (``progress=``) installs one line per stage on stderr when stderr

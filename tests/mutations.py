@@ -997,6 +997,15 @@ MUTATIONS = (
         ("tests/planner/test_plan.py",),
     ),
     Mutation(
+        "plan-minimum-left-the-estimate",
+        "a plan whose search examined every option gives the chain model's minimum (3.50 MiB "
+        "on the sample) where a refusal names the measured one (3.46 MiB)",
+        "autockpt/planner/solve/staged_search.py",
+        "            minimum_peak_bytes=search.measured_minimum_bytes()\n",
+        "            minimum_peak_bytes=search.minimum_peak_bytes()\n",
+        ("tests/cli/test_report.py", "tests/planner/test_plan.py"),
+    ),
+    Mutation(
         "a-date-is-taken-for-a-bar-time",
         "a text column of dates alone counts as the bars' times, so an export with a date "
         "beside its time column has its timestamp asked for",

@@ -17,7 +17,7 @@ from typing import TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-from autockpt.progress import showing_progress
+from autockpt.progress import on_a_terminal, showing_progress
 
 #: The width when stdout is not a terminal: wider than any line the commands print. Tables,
 #: progress bars and text size themselves to their content, so nothing is padded to it.
@@ -30,10 +30,7 @@ def writes_to_terminal(file: TextIO) -> bool:
     Unlike rich's ``Console.is_terminal`` this ignores ``FORCE_COLOR`` and ``TTY_COMPATIBLE``:
     they ask for colours in a file or pipe, which still has no width to crop to.
     """
-    try:
-        return file.isatty()
-    except (AttributeError, ValueError):  # no isatty(), or already closed
-        return False
+    return on_a_terminal(file)
 
 
 def make_console() -> Console:

@@ -78,6 +78,7 @@ from autockpt.planner.measure.step_measurer import StepMeasurer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec, StepProfile
 from autockpt.planner.plan_types import Plan, StepTimelines, Strategy
 from autockpt.planner.report_rows import peak_breakdown, segment_rows, step_timeline
+from autockpt.planner.solve.budget_search import whole_kib
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_decoding import ChosenPlan
 from autockpt.planner.solve.forced_checkpointing import forced_plan
@@ -315,7 +316,7 @@ def plan_report(
             final, budget.context_bytes, predicted - final.peak_bytes - budget.context_bytes
         ),
         unplanned_peak_bytes=budget.shown_bytes(kept.peak_bytes),
-        minimum_feasible_bytes=budget.shown_bytes(chosen.minimum_peak_bytes),
+        minimum_feasible_bytes=whole_kib(budget.shown_bytes(chosen.minimum_peak_bytes)),
         minimum_searched=chosen.minimum_searched,
         predicted_extra_s=extra_s,
         unplanned_step_s=unplanned_step_s,

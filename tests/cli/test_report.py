@@ -4,12 +4,14 @@ printed."""
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 import torch
 from rich.console import Console
 
 import autockpt
+from autockpt.cli import main
 from autockpt.plan_report import print_plan
 from tests.helpers import MLPStack
 
@@ -85,6 +87,22 @@ def test_the_plan_line_says_what_its_minimum_covers(plan):
     """NOTE [One minimum]: a search stopped early by a cheap plan says its minimum is that of
     the options it examined."""
     whole = _line(plan.model_copy(update={"minimum_searched": "every option"}), "peak:")
-    assert whole.endswith("(the planner's estimate)"), whole
+    assert whole.endswith("(the lowest plan, measured: a budget of it plans)"), whole
     early = _line(plan.model_copy(update={"minimum_searched": "recompute alone"}), "peak:")
     assert "with recompute alone: a cheaper plan fitted" in early, early
+
+
+def test_the_plan_line_and_a_refusal_name_one_minimum(
+    sample_parquet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NOTE [One minimum]: on the sample the chain model estimates 3.50 MiB and the lowest
+    plan measures 3.46 MiB; the plan's line gives the measured one, as a refusal does."""
+    args = ["plan", str(sample_parquet), "--quiet"]
+    assert main([*args, "--vram-budget", "12MB"]) == 0
+    plan = json.loads(capsys.readouterr().out.splitlines()[1])
+    assert plan["minimum_searched"] == "every option"
+    minimum = plan["minimum_feasible_bytes"]
+    assert main([*args, "--vram-budget", str(minimum - 1024)]) == 2
+    err = capsys.readouterr().err
+    assert f"is below the minimum {autockpt.format_bytes(minimum)} " in err, err
+    assert f"raise the budget to at least {autockpt.format_bytes(minimum)}" in err, err

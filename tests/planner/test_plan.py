@@ -375,8 +375,9 @@ def test_a_refusal_names_one_minimum_whatever_the_budget_and_it_plans(fixed_time
         autockpt.plan(model, inputs, minimum - 1024)
     assert just_under.value.minimum_bytes == minimum
     assert autockpt.plan(model, inputs, minimum).fits
-    # The chain model's lowest estimate is met by a measured plan here: the refusal names it.
-    assert minimum <= tight.minimum_feasible_bytes * 1.01
+    # One minimum: the plan's line names the refusal's number.
+    assert tight.minimum_searched == "every option"
+    assert tight.minimum_feasible_bytes == minimum
 
 
 def test_a_plan_says_which_options_its_minimum_covers():

@@ -39,6 +39,9 @@ MAX_REPLANS = 4
 #: each round times something new and there is only so much to time, but a bound keeps a
 #: cost source that keeps reporting new timings from looping.
 MAX_TIMING_ROUNDS = 16
+#: How far past the lowest measured peak a chain estimate may be and still be measured for a
+#: plan's minimum (:meth:`BudgetSearch.measured_minimum_bytes`).
+ESTIMATE_SLACK = 1.05
 
 
 class MeasuredDecisions:
@@ -204,16 +207,30 @@ class BudgetSearch:
     def minimum_peak_bytes(self) -> int:
         return min(minimum_peak(chain).peak_bytes for _, chain in self.chains())
 
+    def measured_minimum_bytes(self) -> int:
+        """The lowest peak measured, as a refusal finds it (NOTE [One minimum]), for a plan
+        whose search examined every option: each micro-batch count's lowest-peak choices in
+        the order of the chain model's estimate, until the next estimate is past the lowest
+        measured by more than the model misses by (its estimates run under the measured
+        peaks), so a few steps on fake tensors, not two a count."""
+        ranked = sorted(self.chains(), key=lambda c: (minimum_peak(c[1]).peak_bytes, -c[0]))
+        for count, chain in ranked:
+            lowest = self.measure.lowest
+            estimate = minimum_peak(chain).peak_bytes
+            if lowest is not None and estimate > lowest[1].peak_bytes * ESTIMATE_SLACK:
+                break
+            for choice in lowest_peak_choices(chain):
+                self.measure.candidate(self._decode(chain, choice, count))
+        assert self.measure.lowest is not None  # measured just now
+        return self.measure.lowest[1].peak_bytes
+
     def infeasible(self, budget: StepBudget) -> InfeasibleBudgetError:
         """The error for a budget below every plan, with the minimum, what bounds it and the
         levers that work (after :meth:`lowest_peak_fit` found nothing, so the minimum is a
         measured one; NOTE [Refusal])."""
         lowest = self.measure.lowest
         outside = budget.shown_bytes
-        minimum = outside(lowest[1].peak_bytes if lowest else self.minimum_peak_bytes())
-        # Rounded up to whole KiB: a real step can hold a few bytes of scalars more than the
-        # measured one (4 to 8 bytes seen with micro-batches), which must not tip it over.
-        minimum = -(-minimum // 1024) * 1024
+        minimum = whole_kib(outside(lowest[1].peak_bytes if lowest else self.minimum_peak_bytes()))
         kept = self.whole.kept
         half = None
         if lowest is not None and self.measure_half is not None:
@@ -234,6 +251,13 @@ class BudgetSearch:
         )
         error.unplanned_bytes = outside(kept.peak_bytes)
         return error
+
+
+def whole_kib(minimum_bytes: int) -> int:
+    """A minimum rounded up to whole KiB, as plans and refusals name it: a real step can hold
+    a few bytes of scalars more than the measured one (4 to 8 bytes seen with micro-batches),
+    which must not tip a budget of that number over."""
+    return -(-minimum_bytes // 1024) * 1024
 
 
 def _key(decision: Decision) -> tuple[Any, ...]:

@@ -122,11 +122,16 @@ class StagedSearch:
                 f"micro-batches: the loss is the {reduction} of the samples' losses; run steps "
                 f'with training_step(..., loss_reduction="{reduction}")'
             )
+        # NOTE [One minimum]: where every option was examined, the minimum is measured as a
+        # refusal's is, so the plan's line and a refusal name one number.
+        every_option = self.stages_reached == len(MINIMUM_SEARCHED)
         return ChosenPlan(
             decision=decision,
             profile=profile,
             whole=search.whole,
-            minimum_peak_bytes=search.minimum_peak_bytes(),
+            minimum_peak_bytes=search.measured_minimum_bytes()
+            if every_option
+            else search.minimum_peak_bytes(),
             timed_extra_s=timed_extra_s,
             minimum_searched=MINIMUM_SEARCHED[self.stages_reached - 1],
         )

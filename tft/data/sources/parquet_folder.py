@@ -127,8 +127,9 @@ def folder_schema(folder: Path) -> pa.Schema:
         if key.name in unified.names:
             raise _error(
                 folder,
-                f"the folder names key '{key.name}' (as in {key.name}=...) is also a column in "
-                f"{first_with[key.name].relative_to(folder)}; rename the folders or the column",
+                f"the folders' key '{key.name}' ({key.name}=... in their names) is also a column "
+                f"in {first_with[key.name].relative_to(folder)}; rename the folders or the "
+                "column",
             )
     return pa.unify_schemas([unified, keys])
 
