@@ -988,6 +988,43 @@ MUTATIONS = (
         ("tests/training/test_predict_cache.py",),
     ),
     Mutation(
+        "folder-streamed-in-path-order",
+        "a folder past --max-host-memory is streamed in its files' path order, so daily files "
+        "whose names do not sort by date are refused as unsorted bars",
+        "tft/data/streamed/read_order.py",
+        "    order = _topological(path, files, _edges(path, files, stretches), first_bar)\n",
+        "    order = list(range(len(files)))\n",
+        ("tests/tft/test_streamed_folder.py",),
+    ),
+    Mutation(
+        "streamed-folder-overlap-not-refused",
+        "a symbol's bars overlapping in two files of a streamed folder end in a row order "
+        "error that names neither file",
+        "tft/data/streamed/read_order.py",
+        "            if before.last_ns >= after.first_ns:\n",
+        "            if False:\n",
+        ("tests/tft/test_streamed_folder.py",),
+    ),
+    Mutation(
+        "chunk-error-names-the-folder",
+        "a bad value in a streamed folder is named by the folder and a row of no file",
+        "tft/data/streamed/file_scan.py",
+        "                yield Chunk(file, first, pa.Table.from_batches([batch]))\n",
+        "                yield Chunk(order.root, first, pa.Table.from_batches([batch]))\n",
+        ("tests/tft/test_streamed_folder.py",),
+    ),
+    Mutation(
+        "folder-cache-kept-after-a-file-added",
+        "a streamed folder's row cache is reused after a new day's file is added, so the run "
+        "trains without it",
+        "tft/data/streamed/row_cache.py",
+        "                size_bytes=sum(part.size_bytes for part in parts),\n"
+        "                mtime_ns=max(part.mtime_ns for part in parts),\n"
+        "                parts=parts,\n",
+        "                size_bytes=0,\n                mtime_ns=0,\n",
+        ("tests/tft/test_streamed_folder.py",),
+    ),
+    Mutation(
         "refusal-measures-one-lowest-choice",
         "a refusal measures one choice at the chain model's lowest peak, the cheapest, and "
         "names 550 KiB where a 488 KiB plan exists",

@@ -14,7 +14,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from autockpt.cli import main
-from tests.cli.test_cli import assert_one_line
 from tft.data.windows import WindowedData, load_windows
 from tft.errors import DataError
 
@@ -152,9 +151,14 @@ def test_plan_and_train_take_a_folder_as_the_file(
     assert records[0][0]["split"] == records[1][0]["split"]
     losses = [[r.get("train_loss") for r in run if "train_loss" in r] for run in records]
     assert losses[0] == losses[1] and losses[0]
-    # Past --max-host-memory a folder is refused in one line: it is not streamed yet.
-    args = ["plan", str(folder), "--preset", "tiny", "--vram-budget", "8MB"]
-    assert main([*args, "--max-host-memory", "1MB"]) == 2
-    err = capsys.readouterr().err
-    assert_one_line(err)
-    assert "a folder is read into memory" in err and "--max-host-memory" in err
+    # Past --max-host-memory the folder is streamed through a row cache (NOTE [Streaming a
+    # folder in time order]): the same losses, to the float32 bits of the streamed scales.
+    out = tmp_path / "runs" / "streamed"
+    streamed = ["train", str(folder), *args[2:], *steps, "--out", str(out), "--quiet"]
+    assert main([*streamed, "--max-host-memory", "1MB"]) == 0
+    run = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    caches = [cache.name for cache in (tmp_path / "runs" / "data-cache").iterdir()]
+    assert len(caches) == 1 and caches[0].startswith("bars-")
+    assert [r["train_loss"] for r in run if "train_loss" in r] == pytest.approx(
+        losses[0], rel=1e-5, abs=1e-7
+    )

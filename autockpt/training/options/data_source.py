@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autockpt import format_bytes, parse_budget
-from autockpt.errors import BudgetError, ConfigError, DataError
+from autockpt.errors import BudgetError, ConfigError
 from autockpt.progress import report_progress
 from tft.data.columns import ColumnRoles
 from tft.data.normalize import Normalizer
@@ -72,11 +72,6 @@ def read_windows(
         else f"its rows need about {format_bytes(needed)} in memory, more than "
         f"--max-host-memory {max_host_memory}"
     )
-    if path.is_dir():  # NOTE [A folder of files as one dataset]
-        raise DataError(
-            f"{path}: a folder is read into memory and {why}; raise --max-host-memory, or "
-            "pass one Parquet file to stream it through a row cache"
-        )
     folder = cache if cache is not None else cache_folder(runs_root / CACHE_FOLDER, path)
     # NOTE [Row cache]: a build killed outright leaves its partial folder; the default cache
     # folder holds only builds, so any stale one there goes, beside a named one only its own.

@@ -17,12 +17,15 @@ it, because the dataset API alone gets three things wrong for bars:
   reading (:func:`tft.data.windows.load_windows`); the same bar (symbol and time) in two
   files is refused naming both files (:func:`duplicate_bars`), where one file with a repeated
   bar keeps the single file's message. A file that is not Parquet among good ones is named.
-A folder is read into memory; one past ``--max-host-memory`` is refused for now (the row
-cache streams one file).
+A folder whose rows fit ``--max-host-memory`` is read into memory and sorted there; a larger
+one is streamed through the row cache a file at a time (:func:`file_batches`), in an order
+where each symbol's bars follow one another in time (NOTE [Streaming a folder in time order]
+in :mod:`tft.data.streamed.read_order`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +39,7 @@ __all__ = [
     "FILE_COLUMN",
     "bar_order",
     "duplicate_bars",
+    "file_batches",
     "first_rows",
     "folder_bytes",
     "folder_files",
@@ -75,6 +79,17 @@ def _partitioning() -> ds.Partitioning | ds.PartitioningFactory:
     # Keys as plain strings and integers: a dictionary type would make each file's symbols
     # a different category set.
     return ds.HivePartitioning.discover(infer_dictionary=False)
+
+
+def _dataset(folder: Path, files: list[Path], schema: pa.Schema) -> ds.Dataset:
+    """``files`` of ``folder`` read with the folder's unified ``schema`` and its hive keys."""
+    return ds.dataset(
+        [str(path) for path in files],
+        schema=schema,
+        format="parquet",
+        partitioning=_partitioning(),
+        partition_base_dir=str(folder),
+    )
 
 
 def _file_schemas(folder: Path, files: list[Path]) -> list[pa.Schema]:
@@ -166,19 +181,30 @@ def read_folder(folder: Path, columns: list[str]) -> pa.Table:
     schema = folder_schema(folder)
     tables = []
     for index, path in enumerate(files):
-        dataset = ds.dataset(
-            [str(path)],
-            schema=schema,
-            format="parquet",
-            partitioning=_partitioning(),
-            partition_base_dir=str(folder),
-        )
-        table = dataset.to_table(columns=columns)
+        table = _dataset(folder, [path], schema).to_table(columns=columns)
         tables.append(table.append_column(FILE_COLUMN, pa.array(np.full(table.num_rows, index))))
     table = pa.concat_tables(tables)
     if table.num_rows == 0:
         raise _error(folder, "has no rows in any of its files; pass a folder with bars in it")
     return table
+
+
+def file_batches(
+    folder: Path, path: Path, schema: pa.Schema, columns: list[str], batch_rows: int
+) -> Iterator[pa.RecordBatch]:
+    """``columns`` of one file of ``folder`` as the folder reads it (``schema``, its unified
+    columns and hive keys: :func:`folder_schema`), at most ``batch_rows`` rows at a time."""
+    dataset = _dataset(folder, [path], schema)
+    # No read-ahead: a streamed folder holds one batch at a time, as one file read in chunks
+    # does (pre-buffering whole row groups held 450 MB on a 0.47 GB file).
+    yield from dataset.to_batches(
+        columns=columns,
+        batch_size=batch_rows,
+        batch_readahead=0,
+        fragment_readahead=0,
+        fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=False),
+        use_threads=False,
+    )
 
 
 def source_files(path: Path) -> list[Path]:
@@ -192,14 +218,7 @@ def first_rows(path: Path, columns: list[str], rows: int) -> pa.Table:
     if not path.is_dir():
         batch = next(pq.ParquetFile(path).iter_batches(batch_size=rows, columns=columns), None)
         return pa.Table.from_batches([batch]) if batch is not None else pa.table({})
-    dataset = ds.dataset(
-        [str(file) for file in folder_files(path)],
-        schema=folder_schema(path),
-        format="parquet",
-        partitioning=_partitioning(),
-        partition_base_dir=str(path),
-    )
-    return dataset.head(rows, columns=columns)
+    return _dataset(path, folder_files(path), folder_schema(path)).head(rows, columns=columns)
 
 
 def folder_bytes(folder: Path) -> int:

@@ -121,14 +121,15 @@ def fit_statistics(
     seen: dict[str, set[str]] = {name: set() for name in categorical}
     columns = list(dict.fromkeys([*walker.columns(), *reals, *categorical]))
     read = build_pass(progress, 2, "the training rows' scales")
-    for first_row, table in read_chunks(path, columns, chunk_rows, read):
-        rows = walker.rows(first_row, table)
+    for chunk in read_chunks(layout.order, columns, chunk_rows, read):
+        table = chunk.table
+        rows = walker.rows(chunk)
         training = rows.time_ns < cuts[0]
         index = rows.symbol_index[training]
         target.add(rows.target[training], index)
         for name in reals:
             values = rows.take(table, name)
-            _check_finite(path, name, values, rows.file_rows, whole=False)
+            _check_finite(chunk.file, name, values, rows.file_rows, whole=False)
             moments[name].add(values[training], index)
         if categorical and training.any():
             picked = pa.array(rows.local[training])

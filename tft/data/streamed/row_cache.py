@@ -56,6 +56,7 @@ from tft.data.normalize import Normalizer
 from tft.data.role_inference import infer_roles
 from tft.data.row_files import RowFiles
 from tft.data.rows import Rows, _calendar
+from tft.data.sources.parquet_folder import folder_files
 from tft.data.splits import cut_points
 from tft.data.streamed.build_progress import BuildProgress, build_pass
 from tft.data.streamed.file_scan import (
@@ -86,17 +87,29 @@ _PAGE = mmap.PAGESIZE
 
 
 class SourceFile(BaseModel):
-    """Which file a cache was made from."""
+    """Which file or folder a cache was made from, as it was then."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: str
     size_bytes: int
     mtime_ns: int
+    """The file's; a folder's latest file's."""
+    parts: list[SourceFile] = []
+    """A folder's files, each as it was (NOTE [A folder of files as one dataset]); none for a
+    file."""
 
     @classmethod
     def of(cls, path: Path) -> SourceFile:
         resolved = path.resolve()
+        if resolved.is_dir():
+            parts = [cls.of(file) for file in folder_files(resolved)]
+            return cls(
+                path=str(resolved),
+                size_bytes=sum(part.size_bytes for part in parts),
+                mtime_ns=max(part.mtime_ns for part in parts),
+                parts=parts,
+            )
         stat = resolved.stat()
         return cls(path=str(resolved), size_bytes=stat.st_size, mtime_ns=stat.st_mtime_ns)
 
@@ -371,8 +384,9 @@ def _write_rows(
     )
     try:
         read = build_pass(progress, 3, "encoding the rows")
-        for first_row, table in read_chunks(path, columns, chunk_rows, read):
-            rows = walker.rows(first_row, table)
+        for chunk in read_chunks(layout.order, columns, chunk_rows, read):
+            table = chunk.table
+            rows = walker.rows(chunk)
             index = rows.symbol_index
             n = len(index)
             if n == 0:  # every row of the chunk warm-up (or a first bar): nothing to write
@@ -383,7 +397,7 @@ def _write_rows(
             for out, names in ((observed[:, 1:], observed_reals), (known, known_reals)):
                 for j, name in enumerate(names):
                     values = rows.take(table, name)
-                    _check_finite(path, name, values, rows.file_rows, whole=False)
+                    _check_finite(chunk.file, name, values, rows.file_rows, whole=False)
                     out[:, j] = normalizer.reals[name].apply(values, index)
             known[:, len(known_reals) :] = _calendar(rows.time_ns)
             codes = {}
