@@ -1025,6 +1025,51 @@ MUTATIONS = (
         ("tests/tft/test_streamed_folder.py",),
     ),
     Mutation(
+        "new-day-rebuilds-the-cache",
+        "a streamed folder that gained a day's file rebuilds its whole row cache, reading and "
+        "encoding every bar again",
+        "tft/data/streamed/row_cache.py",
+        "            grown = grow_cache(path, folder, meta, source, floor, reading)\n",
+        "            grown = None\n",
+        ("tests/tft/test_cache_growth.py",),
+    ),
+    Mutation(
+        "grown-cache-forgets-the-last-bar",
+        "a grown cache starts each symbol's new rows with no bar before them, so the new day's "
+        "first log return is dropped and its rows are not the build's",
+        "tft/data/streamed/cache_growth.py",
+        "        walker.carry[code] = (time_ns, value, -1)\n",
+        "        pass\n",
+        ("tests/tft/test_cache_growth.py",),
+    ),
+    Mutation(
+        "grown-cache-blocks-left-in-place",
+        "a grown cache copies each symbol's old rows to their old places, so the new rows of "
+        "one symbol overwrite the next symbol's",
+        "tft/data/streamed/cache_growth.py",
+        '                files.copy_rows(name, folder / f"{name}.bin", span, int(grown_bounds[code]))\n',
+        '                files.copy_rows(name, folder / f"{name}.bin", span, int(bounds[code]))\n',
+        ("tests/tft/test_cache_growth.py",),
+    ),
+    Mutation(
+        "split-by-shares-grows-with-old-scales",
+        "a run fitting its scales on a split by shares grows the cache of a folder that gained "
+        "a day, keeping scales fitted on training rows that have moved",
+        "tft/data/streamed/row_cache.py",
+        "    return split[1][0] if split[1] is not None else None\n",
+        "    return split[1][0] if split[1] is not None else NO_FLOOR\n",
+        ("tests/tft/test_cache_growth.py",),
+    ),
+    Mutation(
+        "cache-grown-with-a-given-normaliser-still-says-fitted",
+        "a cache grown with the run's normaliser still says it was fitted on a split of the "
+        "folder, so a new run fitting on the grown folder reuses scales of the old rows",
+        "tft/data/streamed/cache_growth.py",
+        "    fitted_here = floor_ns != NO_FLOOR  # a run's own fit by dates keeps describing the cache\n",
+        "    fitted_here = True\n",
+        ("tests/tft/test_cache_growth.py",),
+    ),
+    Mutation(
         "refusal-measures-one-lowest-choice",
         "a refusal measures one choice at the chain model's lowest peak, the cheapest, and "
         "names 550 KiB where a 488 KiB plan exists",

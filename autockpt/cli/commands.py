@@ -242,6 +242,8 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
             max_host_memory=args.max_host_memory,
             progress=progress,
         )
+    if result.data_note is not None:
+        console.print(result.data_note)
     console.print(
         f"wrote {result.num_rows:,} forecasts ({result.num_windows:,} windows x horizon "
         f"{result.horizon}) to {result.path}"

@@ -215,6 +215,8 @@ class WindowedData:
     split_cuts_ns: tuple[int, int] | None = None
     """The first time of validation and of test (ns since the epoch, UTC; the largest int64
     where a part is empty); None: the file was read without a split (prediction)."""
+    cache_use: str | None = None
+    """What a streamed file's row cache did: built, reused, or grown (what it reused)."""
 
     @property
     def num_observed(self) -> int:

@@ -57,6 +57,9 @@ class PredictionResult:
     (NOTE [Scores by what the model saw]); parts with no window left out."""
     parts_known: bool = False
     """Whether the run kept its split's cut times (runs before it did not: no parts)."""
+    data_note: str | None = None
+    """How the file was read where it was streamed from a row cache (and what the cache
+    reused); None for a file read into memory."""
 
 
 def quantile_column(quantile: float) -> str:
@@ -76,6 +79,8 @@ class TrainedOnFile:
     normalizer: Normalizer
     windows: WindowedData
     """Every window of the file (``windows.whole``), no split."""
+    data_note: str | None = None
+    """:func:`~autockpt.training.options.data_source.read_windows`'s note (a streamed file)."""
 
     @classmethod
     def load(
@@ -104,7 +109,7 @@ class TrainedOnFile:
         same_file = (
             settings.get("data") and Path(settings["data"]).resolve() == Path(data).resolve()
         )
-        windows, _ = read_windows(
+        windows, note = read_windows(
             Path(data),
             roles=None,
             encoder_length=config.encoder_length,
@@ -115,7 +120,7 @@ class TrainedOnFile:
             cache=Path(run_cache) if run_cache and same_file else None,
             runs_root=run.path.parent,
         )
-        return cls(run, resolved, model, config, normalizer, windows)
+        return cls(run, resolved, model, config, normalizer, windows, note)
 
 
 def load_trained_model(
@@ -242,6 +247,7 @@ def predict(
         evaluation=scoring.whole.evaluation() if scoring is not None and len(windows) else None,
         evaluation_by_part=scoring.by_part() if scoring is not None else [],
         parts_known=scoring is not None and scoring.cuts is not None,
+        data_note=trained.data_note,
     )
 
 

@@ -90,6 +90,8 @@ def read_windows(
         progress=report_progress,  # NOTE [Progress on long waits]
     )
     note = f"{path}: streamed from the row cache {folder} ({why})"
+    if data.cache_use not in (None, "built", "reused"):  # NOTE [A cache grown by new files]
+        note += f"; {data.cache_use}"
     if removed:
         names = ", ".join(partial.name for partial, _ in removed)
         held = format_bytes(sum(size for _, size in removed))

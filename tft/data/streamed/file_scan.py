@@ -89,6 +89,8 @@ def read_chunks(
                 batches = file_batches(order.root, file, order.schema, columns, chunk_rows)
             first = 0
             for batch in batches:
+                if batch.num_rows == 0:
+                    continue  # a dataset can yield an empty batch; the walker wants rows
                 yield Chunk(file, first, pa.Table.from_batches([batch]))
                 first += batch.num_rows
                 done += batch.num_rows

@@ -87,6 +87,7 @@ def read_order(
     symbol: str | None,
     chunk_rows: int,
     progress: BuildProgress | None = None,
+    files: list[Path] | None = None,
 ) -> ReadOrder:
     """The order to read ``path`` in (NOTE [Streaming a folder in time order]).
 
@@ -95,6 +96,8 @@ def read_order(
         symbol: the symbol column, or None for one series.
         chunk_rows: rows per chunk read while finding each file's stretches.
         progress: told how far the reading is, a line after each chunk.
+        files: these files of the folder only (its new files, NOTE [A cache grown by new
+            files]); every file when None.
 
     Raises:
         DataError: a symbol's bars in two files overlap in time, or the files' stretches
@@ -102,7 +105,7 @@ def read_order(
     """
     if not path.is_dir():
         return ReadOrder.of_file(path)
-    files = folder_files(path)
+    files = folder_files(path) if files is None else files
     schema = folder_schema(path)
     columns = [name for name in (roles.timestamp, symbol) if name is not None]
     stretches: dict[str, list[_Stretch]] = {}

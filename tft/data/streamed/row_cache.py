@@ -19,9 +19,11 @@ alternatives were worse here: Arrow IPC would store the file's columns, so every
 redo the scaling and coding; reading row groups into a shuffle buffer makes the order depend
 on the buffer size and is not the in-memory path's order for a small file.
 
-The cache is keyed by the source file's resolved path, size and modification time. It is
-reused when those match and it was encoded the same way (the same normaliser, or fitted with
-the same roles and split); otherwise it is rebuilt. It is written into a sibling folder and
+The cache is keyed by the source file's resolved path, size and modification time (a
+folder's: each of its files'). It is reused when those match and it was encoded the same way
+(the same normaliser, or fitted with the same roles and split); a folder that has only gained
+files grows by their rows (NOTE [A cache grown by new files] in
+:mod:`tft.data.streamed.cache_growth`); otherwise it is rebuilt. It is written into a sibling folder and
 renamed into place, so a failed or interrupted build leaves nothing behind, except where the
 process is killed outright (``kill -9``, the machine's out-of-memory killer): then the sibling
 ``<name>.partial-<pid>`` stays, possibly gigabytes of it, and :func:`remove_stale_builds`
@@ -37,16 +39,12 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import NamedTuple
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
-from tft.data.categories import encode_categories
-from tft.data.column_table import CALENDAR_INPUTS
 from tft.data.columns import (
     ColumnRoles,
-    _check_finite,
     _error,
     _read_schema,
     _roles_difference,
@@ -55,89 +53,31 @@ from tft.data.columns import (
 from tft.data.normalize import Normalizer
 from tft.data.role_inference import infer_roles
 from tft.data.row_files import RowFiles
-from tft.data.rows import Rows, _calendar
-from tft.data.sources.parquet_folder import folder_files
+from tft.data.rows import Rows
 from tft.data.splits import cut_points
-from tft.data.streamed.build_progress import BuildProgress, build_pass
+from tft.data.streamed.build_progress import BuildProgress
+from tft.data.streamed.cache_growth import NO_FLOOR, grow_cache
+from tft.data.streamed.cache_meta import (
+    META_FILE,
+    META_VERSION,
+    RowCacheMeta,
+    SourceFile,
+    read_meta,
+)
 from tft.data.streamed.file_scan import (
     FileLayout,
     RowWalker,
     hand_back_freed_memory,
-    read_chunks,
     scan_layout,
 )
 from tft.data.streamed.fitted_scales import fit_statistics
+from tft.data.streamed.row_writer import ROLE_FILES, RoleFiles, encode_rows, role_widths
 from tft.data.warmup import RunningWarmup, real_inputs
 from tft.errors import DataError
 
-__all__ = ["RowCacheMeta", "cache_folder", "cached_rows", "remove_stale_builds"]
+__all__ = ["CachedRows", "RowCacheMeta", "cache_folder", "cached_rows", "remove_stale_builds"]
 
-_VERSION = 1
-_META = "rows.json"
-_ROLE_FILES = {
-    "observed": np.float32,
-    "known": np.float32,
-    "categorical": np.int64,
-    "static": np.int64,
-    "target": np.float32,
-    "time_ns": np.int64,
-    "symbol_index": np.int64,
-}
 _PAGE = mmap.PAGESIZE
-
-
-class SourceFile(BaseModel):
-    """Which file or folder a cache was made from, as it was then."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    path: str
-    size_bytes: int
-    mtime_ns: int
-    """The file's; a folder's latest file's."""
-    parts: list[SourceFile] = []
-    """A folder's files, each as it was (NOTE [A folder of files as one dataset]); none for a
-    file."""
-
-    @classmethod
-    def of(cls, path: Path) -> SourceFile:
-        resolved = path.resolve()
-        if resolved.is_dir():
-            parts = [cls.of(file) for file in folder_files(resolved)]
-            return cls(
-                path=str(resolved),
-                size_bytes=sum(part.size_bytes for part in parts),
-                mtime_ns=max(part.mtime_ns for part in parts),
-                parts=parts,
-            )
-        stat = resolved.stat()
-        return cls(path=str(resolved), size_bytes=stat.st_size, mtime_ns=stat.st_mtime_ns)
-
-
-class RowCacheMeta(BaseModel):
-    """What a cache folder holds and how it was encoded (``rows.json``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    version: int
-    source: SourceFile
-    given_roles: dict[str, Any] | None
-    """The roles asked for when the normaliser was fitted; None when one was given."""
-    fitted_on: list[float] | None
-    """The split the normaliser was fitted with (its training rows); None when given."""
-    fitted_on_times_ns: list[int] | None = None
-    """The split times it was fitted with, where the split is by dates (then ``fitted_on``
-    is None)."""
-    normalizer: dict[str, Any]
-    num_rows: int
-    widths: dict[str, int]
-    """Columns of each 2-D role file (observed, known, categorical, static)."""
-    num_known_categorical: int
-    symbol_bounds: list[int]
-    unknown_rows: dict[str, int]
-    warmup_rows: dict[str, int] = {}
-    """Each real input's warm-up rows dropped (NOTE [Warm-up rows])."""
-    distinct_times: int
 
 
 def cache_folder(root: Path, path: Path) -> Path:
@@ -175,23 +115,11 @@ def _running(pid: int) -> bool:
     return True
 
 
-def _read_meta(folder: Path) -> RowCacheMeta | None:
-    try:
-        meta = RowCacheMeta.model_validate_json((folder / _META).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return meta if meta.version == _VERSION else None
-
-
-def _reusable(
-    meta: RowCacheMeta,
-    source: SourceFile,
-    roles: ColumnRoles | None,
-    normalizer: Normalizer | None,
-    split: _Split,
+def _same_encoding(
+    meta: RowCacheMeta, roles: ColumnRoles | None, normalizer: Normalizer | None, split: _Split
 ) -> bool:
-    if meta.source != source:
-        return False
+    """Whether the cache was encoded as asked: with this normaliser, or fitted with these
+    roles on this split."""
     if normalizer is not None:
         return meta.normalizer == normalizer.to_dict()
     given = (roles or ColumnRoles()).model_dump(mode="json")
@@ -210,6 +138,26 @@ def _fitted_on(split: _Split) -> tuple[list[float] | None, list[int] | None]:
     return (list(fractions) if fractions is not None else None), None
 
 
+def _growth_floor(normalizer: Normalizer | None, split: _Split) -> int | None:
+    """The earliest time a new file's bar may have for the cache to grow with its scales
+    kept (NOTE [A cache grown by new files]); None where any new bar moves them."""
+    if normalizer is not None:
+        return NO_FLOOR
+    return split[1][0] if split[1] is not None else None
+
+
+class CachedRows(NamedTuple):
+    """A data path's rows mapped from its cache folder."""
+
+    rows: Rows
+    meta: RowCacheMeta
+    distinct_times: np.ndarray
+    """The sorted distinct times of the rows (ns)."""
+    use: str
+    """What was done with the cache: ``built``, ``reused``, or the line of a growth (NOTE
+    [A cache grown by new files])."""
+
+
 def cached_rows(
     path: Path,
     folder: Path,
@@ -221,12 +169,12 @@ def cached_rows(
     chunk_rows: int,
     check_source: bool = True,
     progress: BuildProgress | None = None,
-) -> tuple[Rows, RowCacheMeta, np.ndarray]:
-    """The rows of ``path`` from the cache ``folder``, building it first when needed.
+) -> CachedRows:
+    """The rows of ``path`` from the cache ``folder``, building or growing it first when needed.
 
     Args:
-        folder: the cache folder (:func:`cache_folder`); created, or replaced when it holds
-            the same file encoded another way.
+        folder: the cache folder (:func:`cache_folder`); created, grown by a folder's new
+            files, or replaced when it holds the same data encoded another way.
         roles, normalizer, split_fractions: as :func:`tft.data.windows.load_windows` takes them.
         split_starts_ns: a split by dates (:func:`tft.data.splits.split_starts_ns`), which
             replaces ``split_fractions``.
@@ -235,33 +183,43 @@ def cached_rows(
             instead of replacing it.
         progress: told what a build is doing, a line after each chunk of each pass.
 
-    Returns:
-        (rows mapped from the folder, its description, the sorted distinct times of the rows).
-
     Raises:
         DataError: the file cannot be used (as load_windows), or ``folder`` holds the cache of
             another file and ``check_source`` is set.
     """
     source = SourceFile.of(path)
-    meta = _read_meta(folder)
+    meta = read_meta(folder)
     if meta is not None and check_source and meta.source.path != source.path:
         raise DataError(
             f"{folder} holds the row cache of {meta.source.path}, not of {source.path}; pass "
             "another --data-cache folder or delete that one"
         )
     split = (split_fractions, split_starts_ns)
-    if meta is None or not _reusable(meta, source, roles, normalizer, split):
-        meta = _build(path, folder, source, roles, normalizer, split, (chunk_rows, progress))
+    reading = (chunk_rows, progress)
+    use = "reused"
+    if meta is None or meta.source != source or not _same_encoding(meta, roles, normalizer, split):
+        floor = _growth_floor(normalizer, split)
+        grown = None
+        if (
+            meta is not None
+            and floor is not None
+            and _same_encoding(meta, roles, normalizer, split)
+        ):
+            grown = grow_cache(path, folder, meta, source, floor, reading)
+        if grown is not None:
+            meta, use = grown
+        else:
+            meta, use = _build(path, folder, source, roles, normalizer, split, reading), "built"
     rows = _open(folder, meta)
     distinct = np.fromfile(folder / "distinct_times.bin", dtype=np.int64)
-    return rows, meta, distinct
+    return CachedRows(rows, meta, distinct, use)
 
 
 def _open(folder: Path, meta: RowCacheMeta) -> Rows:
     maps: list[mmap.mmap] = []
     arrays: dict[str, np.ndarray] = {}
     layout: dict[str, tuple[np.dtype, int | None]] = {}
-    for name, dtype in _ROLE_FILES.items():
+    for name, dtype in ROLE_FILES.items():
         width = meta.widths.get(name)
         layout[name] = (np.dtype(dtype), width)
         shape = (meta.num_rows,) if width is None else (meta.num_rows, width)
@@ -332,7 +290,7 @@ def _build(
             }
         )
         layout.distinct_times.astype(np.int64).tofile(partial / "distinct_times.bin")
-        (partial / _META).write_text(meta.model_dump_json(indent=1), encoding="utf-8")
+        (partial / META_FILE).write_text(meta.model_dump_json(indent=1), encoding="utf-8")
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(partial, folder)
     except BaseException:
@@ -352,83 +310,20 @@ def _write_rows(
     reading: tuple[int, BuildProgress | None],
 ) -> RowCacheMeta:
     """The third pass: encode each chunk and write its rows at their symbols' places."""
-    chunk_rows, progress = reading
     roles = layout.roles
-    observed_reals = roles.real_columns(roles.observed or [])
-    known_reals = roles.real_columns(roles.known)
-    time_varying = [
-        *roles.categorical_columns(roles.observed or []),
-        *roles.categorical_columns(roles.known),
-    ]
-    static = roles.static or []
-    widths = {
-        "observed": 1 + len(observed_reals),
-        "known": len(known_reals) + len(CALENDAR_INPUTS),
-        "categorical": len(time_varying),
-        "static": len(static),
-    }
+    widths = role_widths(roles)
     bounds = np.concatenate([[0], np.cumsum(layout.kept_per_symbol)]).astype(np.int64)
     num_rows = int(bounds[-1])
-    files = {}
-    for name, dtype in _ROLE_FILES.items():
-        row_bytes = np.dtype(dtype).itemsize * widths.get(name, 1)
-        file = open(folder / f"{name}.bin", "wb")  # noqa: SIM115 - closed below
-        file.truncate(num_rows * row_bytes)
-        files[name] = (file, row_bytes)
-    written = bounds[:-1].copy()
-    unknown_rows = dict.fromkeys([*time_varying, *static], 0)
-    warmup = RunningWarmup(real_inputs(roles))
-    walker = RowWalker(path, roles, roles.symbol, layout.symbols, warmup)
-    columns = list(
-        dict.fromkeys([*walker.columns(), *observed_reals, *known_reals, *time_varying, *static])
-    )
+    walker = RowWalker(path, roles, roles.symbol, layout.symbols, RunningWarmup(real_inputs(roles)))
+    files = RoleFiles(folder, widths, num_rows)
     try:
-        read = build_pass(progress, 3, "encoding the rows")
-        for chunk in read_chunks(layout.order, columns, chunk_rows, read):
-            table = chunk.table
-            rows = walker.rows(chunk)
-            index = rows.symbol_index
-            n = len(index)
-            if n == 0:  # every row of the chunk warm-up (or a first bar): nothing to write
-                continue
-            observed = np.empty((n, widths["observed"]), dtype=np.float32)
-            observed[:, 0] = normalizer.target.apply(rows.target, index)
-            known = np.empty((n, widths["known"]), dtype=np.float32)
-            for out, names in ((observed[:, 1:], observed_reals), (known, known_reals)):
-                for j, name in enumerate(names):
-                    values = rows.take(table, name)
-                    _check_finite(chunk.file, name, values, rows.file_rows, whole=False)
-                    out[:, j] = normalizer.reals[name].apply(values, index)
-            known[:, len(known_reals) :] = _calendar(rows.time_ns)
-            codes = {}
-            for name in [*time_varying, *static]:
-                codes[name], unknown = encode_categories(
-                    rows.text(table, name), normalizer.categories[name]
-                )
-                unknown_rows[name] += unknown
-            arrays = {
-                "observed": observed,
-                "known": known,
-                "categorical": _stack(codes, time_varying, n),
-                "static": _stack(codes, static, n),
-                "target": observed[:, 0].copy(),
-                "time_ns": rows.time_ns,
-                "symbol_index": index,
-            }
-            group_starts = np.flatnonzero(np.concatenate([[True], index[1:] != index[:-1]]))
-            group_ends = [*group_starts[1:].tolist(), n]
-            for begin, end in zip(group_starts.tolist(), group_ends, strict=True):
-                code = int(index[begin])
-                for name, (file, row_bytes) in files.items():
-                    if row_bytes:
-                        part = np.ascontiguousarray(arrays[name][begin:end])
-                        os.pwrite(file.fileno(), part.tobytes(), int(written[code]) * row_bytes)
-                written[code] += end - begin
+        unknown_rows = encode_rows(
+            layout.order, files, walker, bounds[:-1].copy(), normalizer, reading
+        )
     finally:
-        for file, _ in files.values():
-            file.close()
+        files.close()
     return RowCacheMeta(
-        version=_VERSION,
+        version=META_VERSION,
         source=source,
         given_roles=None,
         fitted_on=None,
@@ -440,10 +335,10 @@ def _write_rows(
         unknown_rows=unknown_rows,
         warmup_rows=layout.warmup_counts,
         distinct_times=len(layout.distinct_times),
+        columns=str(_read_schema(path)),
+        last_bars={
+            symbol: walker.carry[code][:2]
+            for code, symbol in enumerate(layout.symbols)
+            if code in walker.carry
+        },
     )
-
-
-def _stack(codes: dict[str, np.ndarray], names: list[str], n: int) -> np.ndarray:
-    if not names:
-        return np.zeros((n, 0), dtype=np.int64)
-    return np.stack([codes[name] for name in names], axis=1)

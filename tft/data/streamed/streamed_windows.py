@@ -9,6 +9,7 @@ of the in-memory path (the scales to the last bits of NOTE [Streaming statistics
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -96,7 +97,7 @@ def stream_windows(
     schema = _read_schema(path)
     timezone = (roles or (normalizer.roles if normalizer else None) or ColumnRoles()).timezone
     starts_ns = split_starts_ns(split_times, timezone) if split_times is not None else None
-    rows, meta, distinct_times = cached_rows(
+    rows, meta, distinct_times, cache_use = cached_rows(
         path,
         cache,
         roles=roles,
@@ -124,7 +125,8 @@ def stream_windows(
         split_starts = split_windows(path, labels, symbol_bounds, shares, window)
     starts = [*split_starts, whole]
     counts = meta.warmup_rows
-    return windowed_data(rows, starts, fitted, schema, meta.unknown_rows, window, counts, cuts)
+    data = windowed_data(rows, starts, fitted, schema, meta.unknown_rows, window, counts, cuts)
+    return dataclasses.replace(data, cache_use=cache_use)
 
 
 def _labels(time_ns: np.ndarray, cuts: tuple[int, int], block: int = 1 << 20) -> np.ndarray:

@@ -1,0 +1,213 @@
+"""A folder's row cache grown by the folder's new files: only their rows are read and encoded.
+
+NOTE [A cache grown by new files]
+A trader's folder gains a file a day; rebuilding its row cache would read and encode years of
+bars for one day of them. So where every file the cache was made from is still there as it
+was, the folder's columns are the same, and the cache was encoded the way asked, only the new
+files are read, twice (each symbol's new rows counted, then encoded), the cache's rows are
+copied to their new places by the kernel (each symbol's block moves down by the new rows of
+the symbols before it; no byte passes through this process), and the new rows are encoded
+after each symbol's block. The result is the build's: the same rows, windows and scales.
+
+The scales are the cache's own, fitted on its build's training rows. With the run's normaliser
+(``predict``, a resumed run) that is what a build uses anyway. A run fitting its scales on a
+split by dates grows only when every new bar is at or after the first date: its training rows,
+and so its scales, are unchanged. A split by shares moves with every new bar, so that run
+rebuilds, as does one fitted on every row (no split). The new rows continue each symbol's
+series: the first one's target transform is taken against the symbol's last bar, which the
+cache keeps (``RowCacheMeta.last_bars``), and every symbol's inputs are past their warm-up (a
+symbol whose rows were all warm-up so far rebuilds). Anything else rebuilds the whole cache:
+a file changed or removed (what it held can change how every later row encodes, such as the
+next file's first log return), a new column, a new symbol, a static column whose value
+changes, a new bar not after its symbol's last; the build then says what is wrong, if
+anything is.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tft.data.columns import _read_schema
+from tft.data.normalize import Normalizer
+from tft.data.streamed.build_progress import BuildProgress, rows_line
+from tft.data.streamed.cache_meta import META_FILE, RowCacheMeta, SourceFile
+from tft.data.streamed.file_scan import RowWalker, hand_back_freed_memory, read_chunks
+from tft.data.streamed.read_order import ReadOrder, read_order
+from tft.data.streamed.row_writer import ROLE_FILES, RoleFiles, encode_rows
+from tft.data.warmup import RunningWarmup, real_inputs
+from tft.errors import DataError
+
+__all__ = ["grow_cache"]
+
+NO_FLOOR = -(2**63)
+"""The floor of new bars' times where any new bar keeps the scales (a given normaliser)."""
+
+
+def grow_cache(
+    path: Path,
+    folder: Path,
+    meta: RowCacheMeta,
+    source: SourceFile,
+    floor_ns: int,
+    reading: tuple[int, BuildProgress | None],
+) -> tuple[RowCacheMeta, str] | None:
+    """The cache in ``folder`` grown by the files ``source`` has and ``meta``'s lacks, and a
+    line of what it reused; None where it must be rebuilt instead (NOTE [A cache grown by
+    new files]).
+
+    Args:
+        meta: the cache's description, encoded the way the run asks.
+        source: the folder as it is now.
+        floor_ns: the earliest time a new bar may have with the cache's scales kept
+            (:data:`NO_FLOOR` with the run's own normaliser; the first date of a split by
+            dates the scales were fitted on).
+        reading: rows per chunk, and who hears how far the build is.
+    """
+    before = {part.path: part for part in meta.source.parts}
+    now = {part.path: part for part in source.parts}
+    added = [Path(name) for name in sorted(now) if name not in before]
+    if not before or not added or any(now.get(name) != part for name, part in before.items()):
+        return None
+    counts = np.diff(np.asarray(meta.symbol_bounds, dtype=np.int64))
+    normalizer = Normalizer.from_dict(meta.normalizer)
+    if (
+        meta.columns != str(_read_schema(path))
+        or sorted(meta.last_bars) != sorted(normalizer.symbols)
+        or not counts.all()
+    ):
+        return None
+    partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        grown = _grown(path, folder, partial, meta, normalizer, added, floor_ns, reading)
+        if grown is None:
+            shutil.rmtree(partial, ignore_errors=True)
+            return None
+        grown = grown.model_copy(update={"source": source})
+        (partial / META_FILE).write_text(grown.model_dump_json(indent=1), encoding="utf-8")
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(partial, folder)
+    except DataError:
+        # What is wrong is for the build to say, in the words it says it in.
+        shutil.rmtree(partial, ignore_errors=True)
+        return None
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    finally:
+        hand_back_freed_memory()
+    new_rows = grown.num_rows - meta.num_rows
+    return grown, (
+        f"reused the encoded rows of its {len(before):,} files and encoded the {new_rows:,} "
+        f"rows of {len(added):,} new {'file' if len(added) == 1 else 'files'}"
+    )
+
+
+def _walker(path: Path, normalizer: Normalizer, meta: RowCacheMeta) -> RowWalker:
+    """A walker over the new files that carries on from the cache's last bars, every input
+    past its warm-up."""
+    roles = normalizer.roles
+    warmup = RunningWarmup(real_inputs(roles))
+    walker = RowWalker(path, roles, roles.symbol, normalizer.symbols, warmup)
+    for code, symbol in enumerate(normalizer.symbols):
+        time_ns, value = meta.last_bars[symbol]
+        walker.carry[code] = (time_ns, value, -1)
+        warmup.seen[code] = np.ones(len(warmup.names), dtype=bool)
+    return walker
+
+
+def _grown(
+    path: Path,
+    folder: Path,
+    partial: Path,
+    meta: RowCacheMeta,
+    normalizer: Normalizer,
+    added: Sequence[Path],
+    floor_ns: int,
+    reading: tuple[int, BuildProgress | None],
+) -> RowCacheMeta | None:
+    """The grown cache written to ``partial`` (no description yet), or None."""
+    chunk_rows, progress = reading
+    roles = normalizer.roles
+    order = read_order(path, roles, roles.symbol, chunk_rows, progress, files=list(added))
+    new_counts, new_times = _count_new_rows(path, order, normalizer, meta, chunk_rows, progress)
+    if len(new_times) == 0 or new_times[0] < floor_ns:
+        return None
+    bounds = np.asarray(meta.symbol_bounds, dtype=np.int64)
+    grown_bounds = np.concatenate([[0], np.cumsum(np.diff(bounds) + new_counts)])
+    num_rows = int(grown_bounds[-1])
+    files = RoleFiles(partial, meta.widths, num_rows)
+    try:
+        for name in ROLE_FILES:
+            for code in range(len(normalizer.symbols)):
+                span = (int(bounds[code]), int(bounds[code + 1]))
+                files.copy_rows(name, folder / f"{name}.bin", span, int(grown_bounds[code]))
+        written = grown_bounds[:-1] + np.diff(bounds)
+        walker = _walker(path, normalizer, meta)
+        unknown = encode_rows(order, files, walker, written, normalizer, reading)
+    finally:
+        files.close()
+    if not _statics_kept(partial, meta, bounds, grown_bounds):
+        return None
+    distinct = np.union1d(np.fromfile(folder / "distinct_times.bin", dtype=np.int64), new_times)
+    distinct.astype(np.int64).tofile(partial / "distinct_times.bin")
+    fitted_here = floor_ns != NO_FLOOR  # a run's own fit by dates keeps describing the cache
+    return meta.model_copy(
+        update={
+            "num_rows": num_rows,
+            "symbol_bounds": grown_bounds.tolist(),
+            "unknown_rows": {
+                name: meta.unknown_rows.get(name, 0) + n for name, n in unknown.items()
+            },
+            "distinct_times": len(distinct),
+            "last_bars": {
+                symbol: walker.carry[code][:2] for code, symbol in enumerate(normalizer.symbols)
+            },
+            "given_roles": meta.given_roles if fitted_here else None,
+            "fitted_on": meta.fitted_on if fitted_here else None,
+            "fitted_on_times_ns": meta.fitted_on_times_ns if fitted_here else None,
+        }
+    )
+
+
+def _count_new_rows(
+    path: Path,
+    order: ReadOrder,
+    normalizer: Normalizer,
+    meta: RowCacheMeta,
+    chunk_rows: int,
+    progress: BuildProgress | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each symbol's kept rows in the new files, and their sorted distinct times."""
+    walker = _walker(path, normalizer, meta)
+    counts = np.zeros(len(normalizer.symbols), dtype=np.int64)
+    times = np.empty(0, dtype=np.int64)
+    read = rows_line(progress, "counting the new files' rows")
+    for chunk in read_chunks(order, walker.columns(), chunk_rows, read):
+        rows = walker.rows(chunk)
+        counts += np.bincount(rows.symbol_index, minlength=len(counts))
+        times = np.union1d(times, rows.time_ns)
+    return counts, times
+
+
+def _statics_kept(
+    partial: Path, meta: RowCacheMeta, bounds: np.ndarray, grown_bounds: np.ndarray
+) -> bool:
+    """Whether every symbol's static codes in its new rows are those of its old rows (a static
+    column whose value changes is the build's to resolve or refuse)."""
+    width = meta.widths.get("static", 0)
+    if width == 0:
+        return True
+    static = np.memmap(partial / "static.bin", dtype=np.int64, mode="r").reshape(-1, width)
+    for code in range(len(bounds) - 1):
+        old = static[grown_bounds[code]]
+        new = static[grown_bounds[code] + bounds[code + 1] - bounds[code] : grown_bounds[code + 1]]
+        if (new != old).any():
+            return False
+    return True

@@ -1,0 +1,83 @@
+"""What a row cache folder holds and what it was made from (its ``rows.json``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from tft.data.sources.parquet_folder import folder_files
+
+__all__ = ["META_FILE", "META_VERSION", "RowCacheMeta", "SourceFile", "read_meta"]
+
+META_VERSION = 1
+META_FILE = "rows.json"
+
+
+class SourceFile(BaseModel):
+    """Which file or folder a cache was made from, as it was then."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str
+    size_bytes: int
+    mtime_ns: int
+    """The file's; a folder's latest file's."""
+    parts: list[SourceFile] = []
+    """A folder's files, each as it was (NOTE [A folder of files as one dataset]); none for a
+    file."""
+
+    @classmethod
+    def of(cls, path: Path) -> SourceFile:
+        resolved = path.resolve()
+        if resolved.is_dir():
+            parts = [cls.of(file) for file in folder_files(resolved)]
+            return cls(
+                path=str(resolved),
+                size_bytes=sum(part.size_bytes for part in parts),
+                mtime_ns=max(part.mtime_ns for part in parts),
+                parts=parts,
+            )
+        stat = resolved.stat()
+        return cls(path=str(resolved), size_bytes=stat.st_size, mtime_ns=stat.st_mtime_ns)
+
+
+class RowCacheMeta(BaseModel):
+    """What a cache folder holds and how it was encoded (``rows.json``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int
+    source: SourceFile
+    given_roles: dict[str, Any] | None
+    """The roles asked for when the normaliser was fitted; None when one was given."""
+    fitted_on: list[float] | None
+    """The split the normaliser was fitted with (its training rows); None when given."""
+    fitted_on_times_ns: list[int] | None = None
+    """The split times it was fitted with, where the split is by dates (then ``fitted_on``
+    is None)."""
+    normalizer: dict[str, Any]
+    num_rows: int
+    widths: dict[str, int]
+    """Columns of each 2-D role file (observed, known, categorical, static)."""
+    num_known_categorical: int
+    symbol_bounds: list[int]
+    unknown_rows: dict[str, int]
+    warmup_rows: dict[str, int] = {}
+    """Each real input's warm-up rows dropped (NOTE [Warm-up rows])."""
+    distinct_times: int
+    columns: str = ""
+    """The source's columns and their types, as read (a folder's unified schema)."""
+    last_bars: dict[str, tuple[int, float]] = {}
+    """Each symbol's last bar read: its time (ns) and raw target value, which the first new
+    row of a grown cache is transformed against (NOTE [A cache grown by new files])."""
+
+
+def read_meta(folder: Path) -> RowCacheMeta | None:
+    """The description of the cache in ``folder``; None where there is none of this version."""
+    try:
+        meta = RowCacheMeta.model_validate_json((folder / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if meta.version == META_VERSION else None
