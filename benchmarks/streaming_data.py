@@ -10,6 +10,7 @@ its time to the first step is measured from the launch to the first step record 
     python3 benchmarks/streaming_data.py --days 250 750 --work /path/with/space
     python3 benchmarks/streaming_data.py --days 250 --in-memory   # the in-memory path too
     python3 benchmarks/streaming_data.py --days 2700 --predict-seconds 180
+    python3 benchmarks/streaming_data.py --million-rows 10 60 150 --features 8 --remove
 
 Prints one markdown row per file and run: the cold run builds the cache, the warm run reuses it.
 """
@@ -36,14 +37,14 @@ FEATURES = 64
 STEPS = 100
 
 
-def make_file(path: Path, days: int) -> Path:
+def make_file(path: Path, days: int, features: int = FEATURES) -> Path:
     """The make-data file of ``days`` days, one symbol at a time into one Parquet file."""
     if path.exists():
         return path
     partial = path.with_suffix(".partial")
     writer = None
     for symbol in SYMBOLS:
-        table = generate_bars(days=days, num_features=FEATURES, symbols=[symbol], seed=0)
+        table = generate_bars(days=days, num_features=features, symbols=[symbol], seed=0)
         if writer is None:
             writer = pq.ParquetWriter(
                 partial,
@@ -110,6 +111,20 @@ def run(command: list[str]) -> dict[str, float | None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=int, nargs="+", default=[250, 750, 2700])
+    parser.add_argument(
+        "--million-rows",
+        type=float,
+        nargs="+",
+        default=None,
+        help="files of about these many million bars instead of --days (1,380 a symbol a day)",
+    )
+    parser.add_argument("--features", type=int, default=FEATURES, help="feature columns")
+    parser.add_argument(
+        "--remove",
+        action="store_true",
+        help="delete each file, its row cache and its runs once measured (the largest need "
+        "not stay on disk)",
+    )
     parser.add_argument("--work", type=Path, default=None, help="folder for files and runs")
     parser.add_argument("--max-host-memory", default="1GB")
     parser.add_argument(
@@ -131,9 +146,11 @@ def main() -> None:
         "data wait: all steps | first batch | later steps |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
+    if args.million_rows:
+        args.days = [round(m * 1e6 / (len(SYMBOLS) * 1380)) for m in args.million_rows]
     for days in sorted(args.days):
         made = time.perf_counter()
-        path = make_file(work / f"bars-{days}d.parquet", days)
+        path = make_file(work / f"bars-{days}d-{args.features}f.parquet", days, args.features)
         made_s = time.perf_counter() - made
         meta = pq.ParquetFile(path).metadata
         size = f"{path.stat().st_size / 1e9:.2f} GB"
@@ -164,6 +181,9 @@ def main() -> None:
             peak_gib, finished = run_bounded(command, args.predict_seconds)
             how = "every window" if finished else f"its first {args.predict_seconds} s"
             print(f"| {size} | {shape} | predict, {how} | {peak_gib:.2f} GiB |  |  |  |  |  |")
+        if args.remove:
+            path.unlink()
+            shutil.rmtree(work / "runs", ignore_errors=True)
 
 
 def run_bounded(command: list[str], seconds: float) -> tuple[float, bool]:

@@ -1070,6 +1070,35 @@ MUTATIONS = (
         ("tests/tft/test_cache_growth.py",),
     ),
     Mutation(
+        "window-starts-held-per-window",
+        "a part's windows are held as an array of every start, 8 bytes a window (480 MB for "
+        "60M bars), as before the runs",
+        "tft/data/splits.py",
+        "    return StartRuns(np.asarray(firsts), np.asarray(counts)), longest\n",
+        "    runs = StartRuns(np.asarray(firsts), np.asarray(counts))\n"
+        "    runs.every = np.asarray(runs)  # type: ignore[attr-defined]\n"
+        "    return runs, longest\n",
+        ("tests/tft/test_window_memory.py",),
+    ),
+    Mutation(
+        "shuffle-made-as-an-array",
+        "each batch's shuffled positions are taken from an array of every position, 8 bytes "
+        "a window",
+        "tft/data/batch.py",
+        "        drawn = np.arange(start, stop, step, dtype=np.int64)\n",
+        "        drawn = np.arange(self.count, dtype=np.int64)[start:stop:step]\n",
+        ("tests/tft/test_window_memory.py",),
+    ),
+    Mutation(
+        "footer-read-on-every-ask",
+        "a folder's footers are read again each time a load asks for its schema or rows "
+        "(four and more reads a file)",
+        "tft/data/sources/parquet_folder.py",
+        "    return _footer_of(str(path), stat.st_size, stat.st_mtime_ns)\n",
+        "    return pq.read_metadata(path)\n",
+        ("tests/tft/test_streamed_folder.py",),
+    ),
+    Mutation(
         "refusal-measures-one-lowest-choice",
         "a refusal measures one choice at the chain model's lowest peak, the cheapest, and "
         "names 550 KiB where a 488 KiB plan exists",

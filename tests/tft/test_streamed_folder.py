@@ -4,6 +4,7 @@ order]), and gives the windows of the same rows in one file."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -147,3 +148,21 @@ def test_a_folder_cache_is_reused_and_rebuilt_when_a_file_is_added(
     assert int(pc.max(pq.read_table(last_day)["timestamp"]).value) == int(
         grown.whole.rows.time_ns[grown.whole.rows.symbol_index == 0].max()
     )
+
+
+def test_each_files_footer_is_read_once_a_load(
+    sample_parquet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = write_folder(sample_parquet, tmp_path / "bars")
+    reads: Counter[str] = Counter()
+    read_metadata = pq.read_metadata
+
+    def counted(path: str, *args: object, **kwargs: object) -> pq.FileMetaData:
+        reads[str(path)] += 1
+        return read_metadata(path, *args, **kwargs)
+
+    monkeypatch.setattr(pq, "read_metadata", counted)
+    load_windows(folder, **WINDOW)
+    stream_windows(folder, tmp_path / "cache", max_host_bytes=MEMORY, **WINDOW)
+    files = list(folder.rglob("*.parquet"))
+    assert sum(reads.values()) == len(files) and max(reads.values()) == 1

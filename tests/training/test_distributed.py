@@ -30,6 +30,7 @@ from autockpt.training.host.distributed import (
 )
 from autockpt.training.options.settings import SAMPLE_DATA
 from autockpt.training.setup.runs import PLAN_FILE, RunFolder
+from tests.tft.test_parquet_folder import write_folder
 from tests.training.test_train import run_files
 from tft.data.windows import Batch
 
@@ -280,3 +281,20 @@ def test_gradients_are_synchronised_on_the_last_micro_batch_only() -> None:
     ):
         assert parameter.grad is not None and reference.grad is not None
         torch.testing.assert_close(parameter.grad, reference.grad, msg=name)
+
+
+@pytest.mark.slow
+def test_two_ranks_stream_a_folder_as_one_process_does(tmp_path: Path) -> None:
+    # Past --max-host-memory the folder streams through one row cache, built by rank 0 while
+    # rank 1 waits (main_first), then mapped by both; each rank gathers its share of a batch.
+    folder = write_folder(SAMPLE_DATA, tmp_path / "bars")
+    streamed = [str(folder), *RUN, "--epochs", "1", "--max-host-memory", "1MB"]
+    launch_two_ranks(*streamed, "--batch-size", str(PER_RANK_BATCH), "--out", str(tmp_path / "ddp"))
+    one = ["--batch-size", str(2 * PER_RANK_BATCH), "--out", str(tmp_path / "one")]
+    assert main(["train", *streamed, *one]) == 0
+    caches = [cache.name for cache in (tmp_path / "data-cache").iterdir()]
+    assert len(caches) == 1 and caches[0].startswith("bars-")
+    ddp_steps, single_steps = records(tmp_path / "ddp", "step"), records(tmp_path / "one", "step")
+    assert len(ddp_steps) == len(single_steps) == 3
+    for mine, theirs in zip(ddp_steps, single_steps, strict=True):
+        assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-5, abs=1e-6)

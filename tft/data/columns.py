@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
-from tft.data.sources.parquet_folder import folder_schema, read_folder
+from tft.data.sources.parquet_folder import folder_schema, footer, read_folder
 from tft.errors import DataError
 
 __all__ = ["NO_SYMBOL", "ColumnRoles"]
@@ -123,7 +123,7 @@ def _read_schema(path: Path) -> pa.Schema:
     if path.is_dir():  # NOTE [A folder of files as one dataset]
         return folder_schema(path)
     try:
-        return pq.read_schema(path)
+        return footer(path).schema.to_arrow_schema()
     except (pa.ArrowException, OSError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise _error(

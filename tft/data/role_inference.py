@@ -45,7 +45,7 @@ from tft.data.columns import (
     _usable,
     how_to_name,
 )
-from tft.data.sources.parquet_folder import first_rows, source_files
+from tft.data.sources.parquet_folder import first_rows, footer, source_files
 from tft.data.timestamps import epoch_unit, timestamp_type_problem
 from tft.errors import DataError
 
@@ -187,7 +187,7 @@ def _first_and_last(path: Path, name: str) -> pa.ChunkedArray:
     it keeps them, else from its first rows."""
     ends: list[int] | None = []
     for file in source_files(path):  # a folder's files each keep their own statistics
-        ends = _statistics_ends(pq.ParquetFile(file), name, ends)
+        ends = _statistics_ends(pq.ParquetFile(file, metadata=footer(file)), name, ends)
         if ends is None:
             break
     if not ends:

@@ -32,15 +32,17 @@ from tft.errors import ConfigError, DataError
 __all__ = [
     "SPLIT_NAMES",
     "SplitTimes",
+    "StartRuns",
     "check_window_options",
     "cut_points",
+    "part_windows",
     "split_cuts",
     "split_labels",
     "split_starts_ns",
     "split_windows",
     "time_text",
     "too_short",
-    "window_starts",
+    "window_runs",
 ]
 
 SPLIT_NAMES = ("train", "validation", "test")
@@ -191,19 +193,62 @@ def split_labels(time_ns: np.ndarray, cuts: tuple[int, int]) -> np.ndarray:
     return (time_ns >= cuts[0]).astype(np.int8) + (time_ns >= cuts[1]).astype(np.int8)
 
 
-def window_starts(
-    labels: np.ndarray, symbol_bounds: np.ndarray, label: int, length: int
-) -> tuple[np.ndarray, int]:
-    """(start rows of windows of ``length`` rows wholly inside ``label``, longest run of rows)."""
-    pieces = [np.empty(0, dtype=np.int64)]
+class StartRuns:
+    """The first rows of a part's windows, held as runs of consecutive rows (one a symbol).
+
+    NOTE [Window starts without a per-window array]
+    A window starts at every row of its symbol's part that leaves room for it, so a part's
+    starts are, symbol by symbol, one run of consecutive rows ``[first, first + count)``. They
+    are held as those runs, two integers a symbol, not as an array of every start: that was 8
+    bytes a window for each part and again for the whole file (960 MB at 60M bars), which a
+    file streamed past the host's memory cannot hold. A position among the part's windows
+    becomes its first row by a binary search over the runs' cumulative counts, a batch at a
+    time. ``np.asarray`` gives the array of every start, for a look (tests, a small file).
+    """
+
+    def __init__(self, firsts: np.ndarray, counts: np.ndarray) -> None:
+        self._firsts = np.asarray(firsts, dtype=np.int64)
+        self._counts = np.asarray(counts, dtype=np.int64)
+        self._ends = np.cumsum(self._counts)  # each run's end among the part's positions
+
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def __getitem__(self, positions: np.ndarray | Sequence[int]) -> np.ndarray:
+        """The first rows of the windows at ``positions`` (0 to ``len - 1``)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        run = np.searchsorted(self._ends, positions, side="right")
+        return self._firsts[run] + positions - (self._ends[run] - self._counts[run])
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        pieces = [
+            np.arange(f, f + c, dtype=np.int64)
+            for f, c in zip(self._firsts, self._counts, strict=True)
+        ]
+        every = np.concatenate([np.empty(0, dtype=np.int64), *pieces])
+        return every.astype(dtype) if dtype is not None else every
+
+
+def window_runs(
+    time_ns: np.ndarray, symbol_bounds: np.ndarray, span: tuple[int, int] | None, length: int
+) -> tuple[StartRuns, int]:
+    """(the windows of ``length`` rows wholly inside times ``[span[0], span[1])``, or anywhere
+    for None, the longest run of such rows); ``time_ns`` rises within each symbol's rows, so
+    each symbol's rows in the span are one run, found by binary search (a mapped array is
+    read a few pages a symbol)."""
+    firsts, counts = [], []
     longest = 0
-    for begin, end in zip(symbol_bounds[:-1], symbol_bounds[1:], strict=True):
-        # Labels rise with time within a symbol, so each label is one run of rows.
-        first = begin + int(np.searchsorted(labels[begin:end], label, side="left"))
-        stop = begin + int(np.searchsorted(labels[begin:end], label, side="right"))
+    for begin, end in zip(symbol_bounds[:-1].tolist(), symbol_bounds[1:].tolist(), strict=True):
+        first, stop = begin, end
+        if span is not None:
+            times = time_ns[begin:end]
+            first = begin + int(np.searchsorted(times, span[0], side="left"))
+            stop = begin + int(np.searchsorted(times, span[1], side="left"))
         longest = max(longest, stop - first)
-        pieces.append(np.arange(first, stop - length + 1, dtype=np.int64))
-    return np.concatenate(pieces), longest
+        if stop - first >= length:
+            firsts.append(first)
+            counts.append(stop - first - length + 1)
+    return StartRuns(np.asarray(firsts), np.asarray(counts)), longest
 
 
 def too_short(
@@ -235,22 +280,59 @@ def too_short(
 
 def split_windows(
     path: Path,
-    labels: np.ndarray,
+    time_ns: np.ndarray,
     symbol_bounds: np.ndarray,
+    cuts: tuple[int, int],
     fractions: Sequence[float] | None,
     window: tuple[int, int],
-) -> list[np.ndarray]:
-    """The start rows of the train, validation and test windows; ``window`` is (encoder
-    length, horizon); ``fractions`` None for a split by dates (every part has time).
+) -> list[StartRuns]:
+    """The train, validation and test windows (rows before ``cuts[0]``, from it to
+    ``cuts[1]``, from it on); ``window`` is (encoder length, horizon); ``fractions`` None for
+    a split by dates (every part has time).
 
     Raises:
         DataError: a split with a share of the time has no full window.
     """
+    never, ever = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+    spans = ((never, cuts[0]), (cuts[0], max(cuts)), (max(cuts), ever))
     starts_of_splits = []
     shares = fractions if fractions is not None else (1.0, 1.0, 1.0)
-    for label, (name, fraction) in enumerate(zip(SPLIT_NAMES, shares, strict=True)):
-        starts, longest = window_starts(labels, symbol_bounds, label, sum(window))
+    for span, name, fraction in zip(spans, SPLIT_NAMES, shares, strict=True):
+        starts, longest = window_runs(time_ns, symbol_bounds, span, sum(window))
         if len(starts) == 0 and fraction > 0:
             raise too_short(path, name, longest, *window, dated=fractions is None)
         starts_of_splits.append(starts)
     return starts_of_splits
+
+
+def part_windows(
+    path: Path,
+    time_ns: np.ndarray,
+    symbol_bounds: np.ndarray,
+    distinct_times: np.ndarray,
+    split: tuple[Sequence[float] | None, tuple[int, int] | None],
+    window: tuple[int, int],
+) -> tuple[list[StartRuns], tuple[int, int] | None]:
+    """The windows of train, validation, test and the whole file, and the split's cut points
+    (None without a split), for both the in-memory and the streamed path.
+
+    Args:
+        time_ns: each kept row's time, rows grouped by symbol in time order (a mapped array
+            is read a few pages a symbol).
+        distinct_times: the sorted distinct times of the rows (the shares' cut points).
+        split: (shares, starts in ns of a split by dates): the dates when given, else the
+            shares; neither keeps the file whole.
+
+    Raises:
+        DataError: the file or a part with a share of the time has no full window.
+    """
+    fractions, starts_ns = split
+    whole, longest = window_runs(time_ns, symbol_bounds, None, sum(window))
+    if len(whole) == 0:
+        raise too_short(path, None, longest, *window)
+    if fractions is None and starts_ns is None:
+        none = StartRuns(np.empty(0), np.empty(0))
+        return [none, none, none, whole], None
+    shares = None if starts_ns is not None else fractions
+    cuts = cut_points(path, distinct_times, shares, starts_ns)
+    return [*split_windows(path, time_ns, symbol_bounds, cuts, shares, window), whole], cuts

@@ -58,7 +58,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from tft.data.batch import Batch
+from tft.data.batch import Batch, WindowOrder
 from tft.data.categories import category_text, constant_within_groups
 from tft.data.column_table import CALENDAR_INPUTS, ColumnUse, column_table
 from tft.data.columns import (
@@ -81,13 +81,10 @@ from tft.data.rows import InputEncoder, Rows
 from tft.data.sources.parquet_folder import bar_order
 from tft.data.splits import (
     SplitTimes,
+    StartRuns,
     check_window_options,
-    cut_points,
-    split_labels,
+    part_windows,
     split_starts_ns,
-    split_windows,
-    too_short,
-    window_starts,
 )
 from tft.data.timestamps import read_times
 from tft.data.warmup import real_inputs, warmup_rows
@@ -107,12 +104,12 @@ CALENDAR_COLUMNS = CALENDAR_INPUTS
 
 
 class WindowDataset:
-    """Windows of one split: the start rows of its windows into the shared row arrays."""
+    """Windows of one split: the start rows of its windows into the shared row arrays, as runs
+    (NOTE [Window starts without a per-window array] in :mod:`tft.data.splits`)."""
 
-    def __init__(self, rows: Rows, starts: np.ndarray, *, encoder_length: int, horizon: int):
+    def __init__(self, rows: Rows, starts: StartRuns, *, encoder_length: int, horizon: int):
         self._rows = rows
         self._starts = starts
-        self._starts.setflags(write=False)
         self.encoder_length = encoder_length
         self.horizon = horizon
         self._encoder_offsets = np.arange(encoder_length, dtype=np.int64)
@@ -128,13 +125,16 @@ class WindowDataset:
 
     @property
     def starts(self) -> np.ndarray:
-        """Read-only (num_windows,) int64 first row of each window in the row arrays."""
-        return self._starts
+        """(num_windows,) int64 first row of each window in the row arrays: an array made on
+        each call, 8 bytes a window (for a look; batches index the runs)."""
+        return np.asarray(self._starts)
 
     def targets(self, positions: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Every window's (or the windows at ``positions``') normalised targets ``(N, H)`` and
         symbol index ``(N,)``, without gathering its inputs."""
-        starts = self._starts if positions is None else self._starts[positions]
+        if positions is None:
+            positions = np.arange(len(self), dtype=np.int64)
+        starts = self._starts[positions]
         decoder_rows = starts[:, None] + self._decoder_offsets
         targets = self._rows.target[decoder_rows], self._rows.symbol_index[starts]
         if self._rows.files is not None:
@@ -255,7 +255,8 @@ def iterate_batches(
     drop_last: bool,
     share: tuple[int, int] = (0, 1),
 ) -> Iterator[Batch]:
-    """Yield batches of ``dataset``, in order or in a permutation fixed by ``seed``.
+    """Yield batches of ``dataset``, in order or in a permutation fixed by ``seed`` (a
+    :class:`~tft.data.batch.WindowOrder`).
 
     ``share=(rank, num_ranks)`` gathers only that rank's contiguous share of each batch (the
     windows ``batch_size * rank // num_ranks`` up to the next rank's), so that a rank reads only
@@ -266,13 +267,12 @@ def iterate_batches(
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size={batch_size} must be at least 1; pass e.g. 32")
-    order = np.arange(len(dataset), dtype=np.int64)
-    if shuffle:
-        order = np.random.default_rng(seed).permutation(order)
+    # NOTE [A shuffle with no per-window array]
+    order = WindowOrder(len(dataset), seed if shuffle else None)
     stop = len(order) - len(order) % batch_size if drop_last else len(order)
     rank, num_ranks = share
     for begin in range(0, stop, batch_size):
-        indices = order[begin : begin + batch_size]
+        indices = order[begin : min(begin + batch_size, stop)]
         size = len(indices)
         yield dataset.batch(indices[size * rank // num_ranks : size * (rank + 1) // num_ranks])
 
@@ -360,31 +360,21 @@ def load_windows(
     symbol_bounds = np.searchsorted(codes, np.arange(len(symbols) + 1))
 
     window = (encoder_length, horizon)
-    whole, longest = window_starts(np.zeros(len(codes), np.int8), symbol_bounds, 0, sum(window))
-    if len(whole) == 0:
-        raise too_short(path, None, longest, encoder_length, horizon)
-    cuts = None
-    if split_fractions is None and starts_ns is None:
-        labels = np.zeros(len(codes), dtype=np.int8)
-        split_starts = [np.empty(0, dtype=np.int64)] * 3
-    else:
-        distinct = np.unique(time_ns)
-        shares = None if starts_ns is not None else split_fractions
-        cuts = cut_points(path, distinct, shares, starts_ns)
-        labels = split_labels(time_ns, cuts)
-        split_starts = split_windows(path, labels, symbol_bounds, shares, window)
+    split = (None if starts_ns is not None else split_fractions, starts_ns)
+    starts, cuts = part_windows(path, time_ns, symbol_bounds, np.unique(time_ns), split, window)
+    training = time_ns < cuts[0] if cuts is not None else np.ones(len(time_ns), dtype=bool)
 
-    encoded = InputEncoder(path, table, roles, symbols, (file_rows, codes, labels == 0))
+    encoded = InputEncoder(path, table, roles, symbols, (file_rows, codes, training))
     rows, normalizer, unknown_rows = encoded.encode(target, time_ns, normalizer)
 
     return windowed_data(
-        rows, [*split_starts, whole], normalizer, schema, unknown_rows, window, warmup_counts, cuts
+        rows, starts, normalizer, schema, unknown_rows, window, warmup_counts, cuts
     )
 
 
 def windowed_data(
     rows: Rows,
-    starts: list[np.ndarray],
+    starts: list[StartRuns],
     normalizer: Normalizer,
     schema: pa.Schema,
     unknown_rows: dict[str, int],

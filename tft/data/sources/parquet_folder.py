@@ -25,6 +25,7 @@ in :mod:`tft.data.streamed.read_order`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,12 +45,31 @@ __all__ = [
     "folder_bytes",
     "folder_files",
     "folder_schema",
+    "footer",
     "read_folder",
     "source_files",
 ]
 
 FILE_COLUMN = "__file"
 """The column :func:`read_folder` adds: the index, in :func:`folder_files`, of each row's file."""
+
+
+def footer(path: Path) -> pq.FileMetaData:
+    """A Parquet file's footer (its schema, rows and row groups), read once while the file is
+    unchanged: a load asks for a folder's schemas and row counts several times, and each read
+    of a footer is a seek and a read per file (thousands of files a year of daily exports).
+
+    Raises:
+        pyarrow.ArrowException, OSError: the file cannot be read as Parquet.
+    """
+    stat = path.stat()
+    return _footer_of(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8192)
+def _footer_of(path: str, size_bytes: int, mtime_ns: int) -> pq.FileMetaData:
+    # The size and time are the key: a file rewritten in place is read again.
+    return pq.read_metadata(path)
 
 
 def _error(path: Path, text: str) -> DataError:
@@ -96,7 +116,7 @@ def _file_schemas(folder: Path, files: list[Path]) -> list[pa.Schema]:
     schemas = []
     for path in files:
         try:
-            schemas.append(pq.read_schema(path))
+            schemas.append(footer(path).schema.to_arrow_schema())
         except (pa.ArrowException, OSError) as error:
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise _error(
@@ -216,7 +236,8 @@ def first_rows(path: Path, columns: list[str], rows: int) -> pa.Table:
     """The first ``rows`` rows of ``columns`` of a file or a folder (its first files'), for a
     look at what the columns hold; an empty table where there are none."""
     if not path.is_dir():
-        batch = next(pq.ParquetFile(path).iter_batches(batch_size=rows, columns=columns), None)
+        reader = pq.ParquetFile(path, metadata=footer(path))
+        batch = next(reader.iter_batches(batch_size=rows, columns=columns), None)
         return pa.Table.from_batches([batch]) if batch is not None else pa.table({})
     return _dataset(path, folder_files(path), folder_schema(path)).head(rows, columns=columns)
 

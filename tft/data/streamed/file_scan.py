@@ -40,7 +40,7 @@ from tft.data.columns import (
 )
 from tft.data.normalize import _transform_target
 from tft.data.role_inference import symbol_hint
-from tft.data.sources.parquet_folder import file_batches
+from tft.data.sources.parquet_folder import file_batches, footer
 from tft.data.streamed.build_progress import BuildProgress, RowsRead, build_pass
 from tft.data.streamed.read_order import ReadOrder, read_order
 from tft.data.timestamps import read_times
@@ -81,7 +81,7 @@ def read_chunks(
             if order.schema is None:
                 # Pre-buffering reads ahead whole row groups and keeps them: 450 MB on a 0.47 GB
                 # file read in 20 chunks, against 3 MB without (measured).
-                reader = pq.ParquetFile(file, pre_buffer=False)
+                reader = pq.ParquetFile(file, pre_buffer=False, metadata=footer(file))
                 total = reader.metadata.num_rows
                 batches = reader.iter_batches(batch_size=chunk_rows, columns=columns)
             else:

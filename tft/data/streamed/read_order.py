@@ -26,10 +26,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tft.data.columns import ColumnRoles, _error, _iso
-from tft.data.sources.parquet_folder import file_batches, folder_files, folder_schema
+from tft.data.sources.parquet_folder import file_batches, folder_files, folder_schema, footer
 from tft.data.streamed.build_progress import BuildProgress, rows_line
 from tft.data.timestamps import read_times
 
@@ -110,7 +109,7 @@ def read_order(
     columns = [name for name in (roles.timestamp, symbol) if name is not None]
     stretches: dict[str, list[_Stretch]] = {}
     rows_per_file: list[int] = []
-    total = sum(pq.read_metadata(file).num_rows for file in files)
+    total = sum(footer(file).num_rows for file in files)
     rows_read = rows_line(progress, "putting the folder's files in time order")
     for index, file in enumerate(files):
         mine: dict[str, _Stretch] = {}

@@ -211,7 +211,13 @@ def cached_rows(
         else:
             meta, use = _build(path, folder, source, roles, normalizer, split, reading), "built"
     rows = _open(folder, meta)
-    distinct = np.fromfile(folder / "distinct_times.bin", dtype=np.int64)
+    # Mapped, not read: one symbol's minute bars have as many distinct times as rows.
+    distinct_file = folder / "distinct_times.bin"
+    distinct = (
+        np.memmap(distinct_file, dtype=np.int64, mode="r")
+        if distinct_file.stat().st_size
+        else np.empty(0, dtype=np.int64)
+    )
     return CachedRows(rows, meta, distinct, use)
 
 

@@ -15,21 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from tft.data.columns import ColumnRoles, _read_schema
 from tft.data.normalize import Normalizer
-from tft.data.sources.parquet_folder import source_files
-from tft.data.splits import (
-    SplitTimes,
-    check_window_options,
-    cut_points,
-    split_labels,
-    split_starts_ns,
-    split_windows,
-    too_short,
-    window_starts,
-)
+from tft.data.sources.parquet_folder import footer, source_files
+from tft.data.splits import SplitTimes, check_window_options, part_windows, split_starts_ns
 from tft.data.streamed.build_progress import BuildProgress
 from tft.data.streamed.row_cache import cached_rows
 from tft.data.windows import WindowedData, windowed_data
@@ -49,7 +39,7 @@ def in_memory_bytes(path: Path) -> int:
     """About what :func:`tft.data.windows.load_windows` holds for ``path``, a file or a
     folder of them (from their footers alone)."""
     try:
-        footers = [pq.ParquetFile(file).metadata for file in source_files(path)]
+        footers = [footer(file) for file in source_files(path)]
     except Exception:  # noqa: BLE001 - load_windows reports a bad file in its own words
         return 0
     return sum(m.num_rows * m.num_columns for m in footers) * _IN_MEMORY_BYTES_PER_VALUE
@@ -111,27 +101,11 @@ def stream_windows(
     # A cache is reused only with the normaliser asked for (or fitted as asked).
     fitted = Normalizer.from_dict(meta.normalizer)
     symbol_bounds = np.asarray(meta.symbol_bounds, dtype=np.int64)
+    split = (None if starts_ns is not None else split_fractions, starts_ns)
     window = (encoder_length, horizon)
-    whole, longest = window_starts(np.zeros(meta.num_rows, np.int8), symbol_bounds, 0, sum(window))
-    if len(whole) == 0:
-        raise too_short(path, None, longest, encoder_length, horizon)
-    split_starts, cuts = [np.empty(0, dtype=np.int64)] * 3, None
-    if split_fractions is not None or starts_ns is not None:
-        shares = None if starts_ns is not None else split_fractions
-        cuts = cut_points(path, distinct_times, shares, starts_ns)
-        labels = _labels(rows.time_ns, cuts)
-        if rows.files is not None:
-            rows.files.release()
-        split_starts = split_windows(path, labels, symbol_bounds, shares, window)
-    starts = [*split_starts, whole]
+    starts, cuts = part_windows(path, rows.time_ns, symbol_bounds, distinct_times, split, window)
+    if rows.files is not None:
+        rows.files.release()
     counts = meta.warmup_rows
     data = windowed_data(rows, starts, fitted, schema, meta.unknown_rows, window, counts, cuts)
     return dataclasses.replace(data, cache_use=cache_use)
-
-
-def _labels(time_ns: np.ndarray, cuts: tuple[int, int], block: int = 1 << 20) -> np.ndarray:
-    """:func:`split_labels` of a mapped array, a block at a time (no full-size temporaries)."""
-    labels = np.empty(len(time_ns), dtype=np.int8)
-    for begin in range(0, len(time_ns), block):
-        labels[begin : begin + block] = split_labels(time_ns[begin : begin + block], cuts)
-    return labels
