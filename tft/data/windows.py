@@ -135,11 +135,15 @@ class WindowDataset:
         if positions is None:
             positions = np.arange(len(self), dtype=np.int64)
         starts = self._starts[positions]
+        files = self._rows.files
+        if files is not None:
+            # Positioned reads, as batches are read: windows spread over a mapped file would
+            # fault most of its pages into the process first (NOTE [Reading windows from
+            # the cache]).
+            target = files.windows("target", starts + self.encoder_length, self.horizon)
+            return target, files.windows("symbol_index", starts, 1)[:, 0]
         decoder_rows = starts[:, None] + self._decoder_offsets
-        targets = self._rows.target[decoder_rows], self._rows.symbol_index[starts]
-        if self._rows.files is not None:
-            self._rows.files.release()
-        return targets
+        return self._rows.target[decoder_rows], self._rows.symbol_index[starts]
 
     def batch(self, indices: np.ndarray | Sequence[int]) -> Batch:
         """Gather the windows at ``indices`` (positions in this dataset) into tensors."""

@@ -320,7 +320,11 @@ def scan_layout(
         for code in np.flatnonzero(counts).tolist():
             kept[names[code]] = kept.get(names[code], 0) + int(counts[code])
         times.append(np.unique(rows.time_ns))
-        if len(times) >= 64:
+        # Merged once the chunks' times reach a quarter of those merged: a file written a
+        # symbol at a time has as many distinct times a chunk as rows, and 64 chunks of them
+        # held at once came to 1.75 GiB at 60M bars; this way the merges hold about four
+        # times the distinct times, in a few merges.
+        if sum(len(chunk_times) for chunk_times in times) >= max(len(merged) // 4, chunk_rows):
             merged = np.unique(np.concatenate([merged, *times]))
             times = []
         all_codes = _all_codes(walker, table)
