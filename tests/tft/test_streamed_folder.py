@@ -166,3 +166,12 @@ def test_each_files_footer_is_read_once_a_load(
     stream_windows(folder, tmp_path / "cache", max_host_bytes=MEMORY, **WINDOW)
     files = list(folder.rglob("*.parquet"))
     assert sum(reads.values()) == len(files) and max(reads.values()) == 1
+
+
+def test_one_bar_in_two_streamed_files_is_named_as_in_memory(tmp_path: Path) -> None:
+    folder = _interleaved_files(
+        tmp_path / "shared", symbols={"ES": (slice(0, 101), slice(100, 200))}
+    )
+    message = _refused_streaming(folder, tmp_path / "cache")
+    assert "the bar of ES at 2026-03-02T16:10" in message
+    assert "is in both a.parquet and b.parquet; keep it in one file" in message

@@ -175,6 +175,12 @@ def _edges(path: Path, files: list[Path], stretches: dict[str, list[_Stretch]]) 
         for before, after in zip(group, group[1:], strict=False):
             if before.last_ns >= after.first_ns:
                 a, b = (files[s.file].relative_to(path) for s in (before, after))
+                if before.last_ns == after.first_ns:  # one shared bar: as in memory
+                    raise _error(
+                        path,
+                        f"the bar of {name or 'the series'} at {_iso(after.first_ns)} is in "
+                        f"both {a} and {b}; keep it in one file",
+                    )
                 raise _error(
                     path,
                     f"{_bars_of(name)} in {a} ({_iso(before.first_ns)} to "

@@ -72,7 +72,7 @@ class RoleFiles:
 
     def copy_rows(self, name: str, source: Path, rows: tuple[int, int], first_row: int) -> None:
         """Copy rows ``[rows[0], rows[1])`` of role ``name`` from the role file ``source`` to
-        row ``first_row`` on, in the kernel (no bytes through this process's memory)."""
+        row ``first_row`` on, in the kernel where it can (no bytes through this process)."""
         file, row_bytes = self.files[name]
         left, offset, at = (
             (rows[1] - rows[0]) * row_bytes,
@@ -83,7 +83,12 @@ class RoleFiles:
             return
         with open(source, "rb") as old:
             while left:
-                done = os.copy_file_range(old.fileno(), file.fileno(), left, offset, at)
+                if hasattr(os, "copy_file_range"):  # Linux: the kernel copies (or shares) them
+                    done = os.copy_file_range(old.fileno(), file.fileno(), left, offset, at)
+                else:  # elsewhere a block at a time through this process
+                    done = os.pwrite(
+                        file.fileno(), os.pread(old.fileno(), min(left, 1 << 24), offset), at
+                    )
                 if done == 0:
                     raise OSError(f"{source} ended {left} bytes early")
                 left, offset, at = left - done, offset + done, at + done
