@@ -36,7 +36,12 @@ from tft.data.columns import _read_schema
 from tft.data.normalize import Normalizer
 from tft.data.streamed.build_progress import BuildProgress, rows_line
 from tft.data.streamed.cache_meta import META_FILE, RowCacheMeta, SourceFile
-from tft.data.streamed.file_scan import RowWalker, hand_back_freed_memory, read_chunks
+from tft.data.streamed.file_scan import (
+    RowWalker,
+    hand_back_freed_memory,
+    merged_times,
+    read_chunks,
+)
 from tft.data.streamed.read_order import ReadOrder, read_order
 from tft.data.streamed.row_writer import ROLE_FILES, RoleFiles, encode_rows
 from tft.data.warmup import RunningWarmup, real_inputs
@@ -155,7 +160,8 @@ def _grown(
         files.close()
     if not _statics_kept(partial, meta, bounds, grown_bounds):
         return None
-    distinct = np.union1d(np.fromfile(folder / "distinct_times.bin", dtype=np.int64), new_times)
+    old_times = np.fromfile(folder / "distinct_times.bin", dtype=np.int64)
+    distinct = merged_times([old_times, new_times])
     distinct.astype(np.int64).tofile(partial / "distinct_times.bin")
     fitted_here = floor_ns != NO_FLOOR  # a run's own fit by dates keeps describing the cache
     return meta.model_copy(
@@ -187,13 +193,13 @@ def _count_new_rows(
     """Each symbol's kept rows in the new files, and their sorted distinct times."""
     walker = _walker(path, normalizer, meta)
     counts = np.zeros(len(normalizer.symbols), dtype=np.int64)
-    times = np.empty(0, dtype=np.int64)
+    times = [np.empty(0, dtype=np.int64)]
     read = rows_line(progress, "counting the new files' rows")
     for chunk in read_chunks(order, walker.columns(), chunk_rows, read):
         rows = walker.rows(chunk)
         counts += np.bincount(rows.symbol_index, minlength=len(counts))
-        times = np.union1d(times, rows.time_ns)
-    return counts, times
+        times.append(np.unique(rows.time_ns))
+    return counts, merged_times(times)
 
 
 def _statics_kept(

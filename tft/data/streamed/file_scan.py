@@ -51,6 +51,7 @@ __all__ = [
     "ChunkRows",
     "FileLayout",
     "RowWalker",
+    "merged_times",
     "read_chunks",
     "scan_layout",
 ]
@@ -324,7 +325,7 @@ def scan_layout(
         # symbol at a time has as many distinct times a chunk as rows, and 64 chunks of them
         # held at once came to 1.75 GiB at 60M bars.
         if sum(len(chunk_times) for chunk_times in times) >= max(len(merged) // 4, chunk_rows):
-            merged = _merged_times([merged, *times])
+            merged = merged_times([merged, *times])
             times = []
         all_codes = _all_codes(walker, table)
         for name in textual:
@@ -332,7 +333,7 @@ def scan_layout(
                 category_text(table, name), all_codes, names, first_value[name]
             ):
                 varying.add(name)
-    merged = _merged_times([merged, *times])
+    merged = merged_times([merged, *times])
     never = walker.warmup.never_seen()
     if never is not None:  # refused as the in-memory finite check refuses it
         _check_finite(path, never, np.array([np.nan]), np.zeros(1, dtype=np.int64))
@@ -355,7 +356,7 @@ def scan_layout(
     )
 
 
-def _merged_times(runs: list[np.ndarray]) -> np.ndarray:
+def merged_times(runs: list[np.ndarray]) -> np.ndarray:
     """The distinct values of sorted arrays, sorted. A stable sort finds the sorted runs and
     merges them (linear in their length a run), where a sort of their concatenation from
     scratch took minutes over 60M bars."""
