@@ -988,6 +988,33 @@ MUTATIONS = (
         ("tests/training/test_predict_cache.py",),
     ),
     Mutation(
+        "pattern-base-is-its-last-folder",
+        "a glob pattern's files are looked for below its last folder, so a pattern with a "
+        "wildcard in a folder's name (symbol=*/*.parquet) matches nothing",
+        "tft/data/sources/parquet_folder.py",
+        '    return Path(*parts[:fixed]) if fixed else Path(".")\n',
+        "    return path.parent\n",
+        ("tests/tft/test_data_patterns.py",),
+    ),
+    Mutation(
+        "several-data-paths-take-the-first",
+        "several data paths (an unquoted pattern the shell expanded) train on the first file "
+        "alone, without a word",
+        "autockpt/cli/parser.py",
+        "    if len(paths) > 1:\n",
+        "    if False:\n",
+        ("tests/tft/test_data_patterns.py",),
+    ),
+    Mutation(
+        "bracketed-file-name-read-as-a-pattern",
+        "a file whose name holds a bracket (bars[2024].parquet) is read as a glob pattern that "
+        "matches nothing",
+        "tft/data/sources/parquet_folder.py",
+        "    return _WILDCARD.search(str(path)) is not None and not path.exists()\n",
+        "    return _WILDCARD.search(str(path)) is not None\n",
+        ("tests/tft/test_data_patterns.py",),
+    ),
+    Mutation(
         "folder-streamed-in-path-order",
         "a folder past --max-host-memory is streamed in its files' path order, so daily files "
         "whose names do not sort by date are refused as unsorted bars",

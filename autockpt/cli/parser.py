@@ -17,6 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
+from autockpt.errors import ConfigError
+
+_DATA_HELP = (
+    "Parquet file with the run's columns, a folder of them or a quoted pattern ('data/*.parquet')"
+)
 _BUDGET_HELP = (
     "memory budget as nvidia-smi would show it: 4GB, 3.5GiB, 800MB (GB/MB powers of 10, "
     "GiB/MiB powers of 2, a bare number is bytes) or auto (free GPU memory less 10%%). "
@@ -72,8 +77,29 @@ CONFIG_KEYS = (
 )
 
 
+def one_data_path(args: argparse.Namespace) -> None:
+    """Make ``args.data`` the one data path given (None for none): several paths are what the
+    shell makes of an unquoted pattern, and a run is one dataset named by one path.
+
+    Raises:
+        ConfigError: several paths, naming how many and the two ways to name them as one.
+    """
+    paths: list[Path] | None = getattr(args, "data", None)
+    if not isinstance(paths, list):
+        return
+    if len(paths) > 1:
+        shown = " ".join(str(path) for path in paths[:2])
+        raise ConfigError(
+            f"{len(paths)} data paths given ({shown} ...): the shell expands an unquoted "
+            f"pattern into its files; pass one path: their folder ({paths[0].parent}/) or the "
+            f"pattern in quotes ('{paths[0].parent}/*{paths[0].suffix}')"
+        )
+    args.data = paths[0] if paths else None
+
+
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The config fields the user gave on the command line (unset options are left out)."""
+    one_data_path(args)
     values = {key: getattr(args, key, None) for key in CONFIG_KEYS}
     return {key: value for key, value in values.items() if value is not None}
 
@@ -86,10 +112,10 @@ def _add_model_options(parser: argparse.ArgumentParser, *, data: bool = True) ->
     if data:
         parser.add_argument(
             "data",
-            nargs="?",
+            nargs="*",
             type=Path,
-            help="Parquet file of bars, or a folder of them (hive folders' keys are columns; "
-            "default: the bundled sample)",
+            help="Parquet file of bars, a folder of them (hive folders' keys are columns) or a "
+            "quoted pattern ('data/*.parquet'); default: the bundled sample",
         )
     group = parser.add_argument_group("model and budget")
     group.add_argument(
@@ -308,9 +334,7 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _predict_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", type=Path, help="run folder (its best.pt is used)")
-    parser.add_argument(
-        "data", type=Path, help="Parquet file (or folder of them) with the run's columns"
-    )
+    parser.add_argument("data", nargs="+", type=Path, help=_DATA_HELP)
     parser.add_argument("-o", "--output", type=Path, required=True, help="Parquet file to write")
     parser.add_argument("--device", help="cpu, cuda or auto (default: auto)")
     parser.add_argument("--batch-size", type=int, help="windows per forward (default: 256)")
@@ -323,9 +347,7 @@ def _predict_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _interpret_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", type=Path, help="run folder (its best.pt is used)")
-    parser.add_argument(
-        "data", type=Path, help="Parquet file (or folder of them) with the run's columns"
-    )
+    parser.add_argument("data", nargs="+", type=Path, help=_DATA_HELP)
     parser.add_argument("--json", type=Path, help="write the weights as JSON here")
     parser.add_argument("--plot", type=Path, help="draw the importances and attention by lag (PNG)")
     parser.add_argument("--device", help="cpu, cuda or auto (default: auto)")

@@ -37,7 +37,7 @@ def write_folder(source: Path, root: Path) -> Path:
     return root
 
 
-def _assert_same_windows(one_file: WindowedData, folder: WindowedData) -> None:
+def assert_same_windows(one_file: WindowedData, folder: WindowedData) -> None:
     for part in ("train", "validation", "test", "whole"):
         np.testing.assert_array_equal(getattr(one_file, part).starts, getattr(folder, part).starts)
     for name in ROLE_ARRAYS:
@@ -52,7 +52,7 @@ def test_a_hive_folder_of_daily_files_reads_as_the_one_file(
     sample_parquet: Path, tmp_path: Path
 ) -> None:
     folder = write_folder(sample_parquet, tmp_path / "bars")
-    _assert_same_windows(load_windows(sample_parquet, **WINDOW), load_windows(folder, **WINDOW))
+    assert_same_windows(load_windows(sample_parquet, **WINDOW), load_windows(folder, **WINDOW))
     roles = {column.name: column.role for column in load_windows(folder, **WINDOW).columns}
     assert roles["symbol"] == "symbol"  # found in the folders' names
 

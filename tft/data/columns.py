@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
-from tft.data.sources.parquet_folder import folder_schema, footer, read_folder
+from tft.data.sources.parquet_folder import folder_schema, footer, many_files, read_folder
 from tft.errors import DataError
 
 __all__ = ["NO_SYMBOL", "ColumnRoles"]
@@ -118,10 +118,10 @@ def _columns_hint(schema: pa.Schema) -> str:
 
 
 def _read_schema(path: Path) -> pa.Schema:
+    if many_files(path):  # NOTE [A folder of files as one dataset]
+        return folder_schema(path)
     if not path.exists():
         raise _error(path, "no such file; check the path or write one with `autockpt make-data`")
-    if path.is_dir():  # NOTE [A folder of files as one dataset]
-        return folder_schema(path)
     try:
         return footer(path).schema.to_arrow_schema()
     except (pa.ArrowException, OSError) as error:
@@ -334,7 +334,7 @@ def _roles_difference(file_roles: ColumnRoles, fitted: ColumnRoles) -> str:
 def _read_table(path: Path, columns: list[str]) -> pa.Table:
     """The columns of a file, or of a folder's files with a column naming each row's file
     (NOTE [A folder of files as one dataset])."""
-    if path.is_dir():
+    if many_files(path):
         return read_folder(path, columns)
     try:
         table = pq.read_table(path, columns=columns)

@@ -17,6 +17,10 @@ it, because the dataset API alone gets three things wrong for bars:
   reading (:func:`tft.data.windows.load_windows`); the same bar (symbol and time) in two
   files is refused naming both files (:func:`duplicate_bars`), where one file with a repeated
   bar keeps the single file's message. A file that is not Parquet among good ones is named.
+A glob pattern (``'data/*.parquet'``, ``'bars/symbol=*/2024-*.parquet'``: quoted, so the shell
+leaves it alone) is a folder too: the files it matches, named from its leading folder without
+wildcards, whose hive keys are read as a folder's are (:func:`pattern_base`). A path that
+exists as written is never a pattern, whatever characters its name holds.
 A folder whose rows fit ``--max-host-memory`` is read into memory and sorted there; a larger
 one is streamed through the row cache a file at a time (:func:`file_batches`), in an order
 where each symbol's bars follow one another in time (NOTE [Streaming a folder in time order]
@@ -26,6 +30,7 @@ in :mod:`tft.data.streamed.read_order`).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,12 +51,46 @@ __all__ = [
     "folder_files",
     "folder_schema",
     "footer",
+    "is_pattern",
+    "many_files",
+    "name_in",
+    "pattern_base",
     "read_folder",
     "source_files",
 ]
 
 FILE_COLUMN = "__file"
 """The column :func:`read_folder` adds: the index, in :func:`folder_files`, of each row's file."""
+
+
+_WILDCARD = re.compile(r"[*?[]")
+
+
+def is_pattern(path: Path) -> bool:
+    """Whether ``path`` is a glob pattern: it holds ``*``, ``?`` or ``[`` and no file or
+    folder has that name (NOTE [A folder of files as one dataset])."""
+    return _WILDCARD.search(str(path)) is not None and not path.exists()
+
+
+def many_files(path: Path) -> bool:
+    """Whether a data path names several files: a folder or a glob pattern."""
+    return is_pattern(path) or path.is_dir()
+
+
+def pattern_base(path: Path) -> Path:
+    """The folder a data path's files are named from and its hive keys start below: a
+    pattern's leading parts without wildcards (``.`` where the first part has one); else
+    ``path``."""
+    if not is_pattern(path):
+        return path
+    parts = path.parts
+    fixed = next(i for i, part in enumerate(parts) if _WILDCARD.search(part))
+    return Path(*parts[:fixed]) if fixed else Path(".")
+
+
+def name_in(path: Path, file: Path) -> Path:
+    """``file`` as the messages name it: relative to the folder (or pattern) ``path``."""
+    return file.relative_to(pattern_base(path))
 
 
 def footer(path: Path) -> pq.FileMetaData:
@@ -77,17 +116,30 @@ def _error(path: Path, text: str) -> DataError:
 
 
 def folder_files(folder: Path) -> list[Path]:
-    """The data files of ``folder``, sorted by path (NOTE [A folder of files as one dataset]).
+    """The data files of a folder, or those a pattern matches, sorted by path (NOTE [A folder
+    of files as one dataset]).
 
     Raises:
-        DataError: the folder holds no file at all.
+        DataError: the folder holds no file at all, or the pattern matches none.
     """
+    base = pattern_base(folder)
+    if is_pattern(folder):
+        relative = Path(*folder.parts[len(base.parts) :])
+        candidates = list(base.glob(str(relative))) if base.is_dir() else []
+    else:
+        candidates = list(folder.rglob("*"))
     files = sorted(
         path
-        for path in folder.rglob("*")
+        for path in candidates
         if path.is_file()
-        and not any(part.startswith((".", "_")) for part in path.relative_to(folder).parts)
+        and not any(part.startswith((".", "_")) for part in path.relative_to(base).parts)
     )
+    if not files and is_pattern(folder):
+        raise _error(
+            folder,
+            "matches no data file; check the pattern (quote it, so the shell passes it as "
+            "written), or pass the folder of Parquet files",
+        )
     if not files:
         raise _error(
             folder, "is a folder with no data files in it; pass a folder of Parquet files of bars"
@@ -108,7 +160,7 @@ def _dataset(folder: Path, files: list[Path], schema: pa.Schema) -> ds.Dataset:
         schema=schema,
         format="parquet",
         partitioning=_partitioning(),
-        partition_base_dir=str(folder),
+        partition_base_dir=str(pattern_base(folder)),
     )
 
 
@@ -121,7 +173,7 @@ def _file_schemas(folder: Path, files: list[Path]) -> list[pa.Schema]:
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise _error(
                 folder,
-                f"{path.relative_to(folder)} cannot be read as Parquet ({reason}); move it out "
+                f"{name_in(folder, path)} cannot be read as Parquet ({reason}); move it out "
                 "of the folder or replace it with the Parquet file it should be",
             ) from None
     return schemas
@@ -151,8 +203,8 @@ def folder_schema(folder: Path) -> pa.Schema:
                     raise _error(
                         folder,
                         f"column '{field.name}' is {unified.field(field.name).type} in "
-                        f"{before.relative_to(folder)} and {field.type} in "
-                        f"{path.relative_to(folder)}; write it with one type in every file",
+                        f"{name_in(folder, before)} and {field.type} in "
+                        f"{name_in(folder, path)}; write it with one type in every file",
                     ) from None
             else:
                 first_with[field.name] = path
@@ -163,7 +215,7 @@ def folder_schema(folder: Path) -> pa.Schema:
             raise _error(
                 folder,
                 f"the folders' key '{key.name}' ({key.name}=... in their names) is also a column "
-                f"in {first_with[key.name].relative_to(folder)}; rename the folders or the "
+                f"in {name_in(folder, first_with[key.name])}; rename the folders or the "
                 "column",
             )
     return pa.unify_schemas([unified, keys])
@@ -175,7 +227,7 @@ def _partition_keys(folder: Path, files: list[Path]) -> pa.Schema:
     names = {
         part.split("=", 1)[0]
         for path in files
-        for part in path.relative_to(folder).parts[:-1]
+        for part in name_in(folder, path).parts[:-1]
         if "=" in part
     }
     if not names:
@@ -185,7 +237,7 @@ def _partition_keys(folder: Path, files: list[Path]) -> pa.Schema:
         [str(path) for path in files],
         format="parquet",
         partitioning=_partitioning(),
-        partition_base_dir=str(folder),
+        partition_base_dir=str(pattern_base(folder)),
     )
     return pa.schema([field for field in dataset.partitioning.schema if field.name in names])
 
@@ -229,13 +281,13 @@ def file_batches(
 
 def source_files(path: Path) -> list[Path]:
     """The Parquet files of a data path: a folder's (:func:`folder_files`), or the file."""
-    return folder_files(path) if path.is_dir() else [path]
+    return folder_files(path) if many_files(path) else [path]
 
 
 def first_rows(path: Path, columns: list[str], rows: int) -> pa.Table:
     """The first ``rows`` rows of ``columns`` of a file or a folder (its first files'), for a
     look at what the columns hold; an empty table where there are none."""
-    if not path.is_dir():
+    if not many_files(path):
         reader = pq.ParquetFile(path, metadata=footer(path))
         batch = next(reader.iter_batches(batch_size=rows, columns=columns), None)
         return pa.Table.from_batches([batch]) if batch is not None else pa.table({})
@@ -261,7 +313,7 @@ def duplicate_bars(
         return
     at = int(np.flatnonzero(same)[0])
     names = folder_files(folder)
-    first, second = (names[int(files[i])].relative_to(folder) for i in (at, at + 1))
+    first, second = (name_in(folder, names[int(files[i])]) for i in (at, at + 1))
     raise _error(
         folder,
         f"the bar of {symbols[int(codes[at])]} at {np.datetime64(int(time_ns[at]), 'ns')} is in "

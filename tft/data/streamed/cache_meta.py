@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from tft.data.sources.parquet_folder import folder_files
+from tft.data.sources.parquet_folder import folder_files, many_files
 
 __all__ = ["META_FILE", "META_VERSION", "RowCacheMeta", "SourceFile", "read_meta"]
 
@@ -31,7 +31,7 @@ class SourceFile(BaseModel):
     @classmethod
     def of(cls, path: Path) -> SourceFile:
         resolved = path.resolve()
-        if resolved.is_dir():
+        if many_files(resolved):
             parts = [cls.of(file) for file in folder_files(resolved)]
             return cls(
                 path=str(resolved),

@@ -28,7 +28,14 @@ import numpy as np
 import pyarrow as pa
 
 from tft.data.columns import ColumnRoles, _error, _iso
-from tft.data.sources.parquet_folder import file_batches, folder_files, folder_schema, footer
+from tft.data.sources.parquet_folder import (
+    file_batches,
+    folder_files,
+    folder_schema,
+    footer,
+    many_files,
+    name_in,
+)
 from tft.data.streamed.build_progress import BuildProgress, rows_line
 from tft.data.timestamps import read_times
 
@@ -102,7 +109,7 @@ def read_order(
         DataError: a symbol's bars in two files overlap in time, or the files' stretches
             cross (naming the files and the symbols); a timestamp that cannot be read.
     """
-    if not path.is_dir():
+    if not many_files(path):
         return ReadOrder.of_file(path)
     files = folder_files(path) if files is None else files
     schema = folder_schema(path)
@@ -174,7 +181,7 @@ def _edges(path: Path, files: list[Path], stretches: dict[str, list[_Stretch]]) 
         group.sort(key=lambda stretch: (stretch.first_ns, stretch.last_ns))
         for before, after in zip(group, group[1:], strict=False):
             if before.last_ns >= after.first_ns:
-                a, b = (files[s.file].relative_to(path) for s in (before, after))
+                a, b = (name_in(path, files[s.file]) for s in (before, after))
                 if before.last_ns == after.first_ns:  # one shared bar: as in memory
                     raise _error(
                         path,
@@ -229,8 +236,8 @@ def _crossing(path: Path, files: list[Path], edges: list[_Edge], left: set[int])
         walk.append(into[walk[-1]][0])
     cycle = walk[walk.index(walk[-1]) : -1]
     said = "; ".join(
-        f"{_bars_of(into[file][2])} in {files[into[file][0]].relative_to(path)} come before "
-        f"those in {files[file].relative_to(path)}"
+        f"{_bars_of(into[file][2])} in {name_in(path, files[into[file][0]])} come before "
+        f"those in {name_in(path, files[file])}"
         for file in reversed(cycle)
     )
     return _error(

@@ -36,6 +36,7 @@ import glob
 import hashlib
 import mmap
 import os
+import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -81,10 +82,12 @@ _PAGE = mmap.PAGESIZE
 
 
 def cache_folder(root: Path, path: Path) -> Path:
-    """The cache folder of data file ``path`` under ``root``: its stem and a hash of its path."""
+    """The cache folder of data path ``path`` under ``root``: its stem and a hash of its path
+    (a pattern's wildcards left out of the name, kept in the hash)."""
     resolved = path.resolve()
     digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
-    return root / f"{resolved.stem}-{digest}"
+    stem = re.sub(r"[^\w.=-]+", "_", resolved.stem).strip("_") or "data"
+    return root / f"{stem}-{digest}"
 
 
 def remove_stale_builds(folder: Path, *, any_name: bool = False) -> list[tuple[Path, int]]:
