@@ -1015,6 +1015,43 @@ MUTATIONS = (
         ("tests/tft/test_data_patterns.py",),
     ),
     Mutation(
+        "segment-runners-share-their-code",
+        "every segment runner runs one class's code, so dynamo counts each segment's compile as "
+        "a recompile of the same code and runs the segments past the eighth eagerly",
+        "autockpt/planner/runtime/segment_runners.py",
+        "        return super().__new__(_runner_class(index))\n",
+        "        return super().__new__(cls)\n",
+        ("tests/planner/test_compiled_segments.py",),
+    ),
+    Mutation(
+        "segment-code-copies-equal",
+        "each runner's code is copied but keeps its name, so the copies compare equal and dynamo "
+        "takes one segment's lambda for every segment's where it resumes a frame",
+        "autockpt/planner/runtime/segment_runners.py",
+        '        co_name=f"{code.co_name}_{label}",\n',
+        "",
+        ("tests/planner/test_compiled_segments.py",),
+    ),
+    Mutation(
+        "compiled-search-keeps-its-first-timing",
+        "the compiled search times its fastest candidates again but keeps their first timings, "
+        "taken seconds or minutes apart, so a candidate slowed once by another process is "
+        "passed over",
+        "autockpt/planner/compiled_search.py",
+        "        candidate.step_s = min(seconds[id(candidate)])\n",
+        "        candidate.step_s = candidate.step_s\n",
+        ("tests/planner/test_compiled_segments.py",),
+    ),
+    Mutation(
+        "compiled-retiming-in-one-order",
+        "the compiled search's second timing runs its candidates in the same order every round, "
+        "so one always follows the same other and pays for what it left",
+        "autockpt/planner/compiled_search.py",
+        "        shift = round_index % len(timed)\n",
+        "        shift = 0\n",
+        ("tests/planner/test_compiled_segments.py",),
+    ),
+    Mutation(
         "folder-streamed-in-path-order",
         "a folder past --max-host-memory is streamed in its files' path order, so daily files "
         "whose names do not sort by date are refused as unsorted bars",

@@ -125,6 +125,8 @@ def test_a_budget_no_compiled_step_meets_is_refused_with_the_lowest_peak(workloa
         _plan(model, x, y, 10_000)
     message = str(caught.value)
     assert "\n" not in message and "compiled step" in message
+    # Every candidate's peak and time, as `autockpt plan --compile` prints the refusal.
+    assert "(tried: plain at compile 1: " in message and "ms a step" in message
     assert caught.value.minimum_bytes > 10_000
     assert f"{caught.value.minimum_bytes / 2**20:.2f} MiB" in message
 

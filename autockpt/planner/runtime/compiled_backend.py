@@ -84,7 +84,9 @@ def compile_in_place(module: torch.nn.Module, fraction: float) -> torch.nn.Modul
     wrapper prefixes every ``state_dict`` key with ``_orig_mod.``: the planned module keeps the
     user's keys.
     """
-    module.compile(backend=inductor_at(fraction))
+    # Isolated: its recompiles are its own, not those of every module compiled before it
+    # (the compiled search compiles one planned module a candidate).
+    module.compile(backend=inductor_at(fraction), isolate_recompiles=True)
     return module
 
 

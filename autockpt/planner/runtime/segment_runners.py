@@ -41,12 +41,28 @@ recomputes of all the chunks in it before their gradients need them: the TFT ``t
 :func:`~autockpt.planner.runtime.compiled_backend.graph_of_its_own`): its backward is a
 compiled call of its own, run chunk by chunk as eagerly, and the same plan compiled peaked at
 251 MiB (inductor fusing inside each chunk), at about the same step time.
+
+NOTE [A segment's own code under torch.compile]
+Where a segment breaks the graph (a region of its own, each chunk a graph of its own), dynamo
+starts again on the runner's frames: ``__call__``, the lambda in it, ``_run``, ``_chunked``,
+``_checkpointed``, and the compiled_backend functions that break. It keeps its compiled
+entries, and counts recompiles, per code object, guarded on what the frame reads (the runner,
+its subgraph's class): runners sharing one class's code made one entry per segment on each of
+those code objects, and past ``torch._dynamo.config.recompile_limit`` (8) dynamo ran the rest
+eagerly without a word: a 12-block model planned with compile at 45% of its peak, and every
+segment past the eighth of the compiled search's regions. So each runner is an instance of a
+class of its own (:func:`_runner_class`) whose functions are copies with code objects of their
+own, nested ones included (:func:`own_code`), each named for its segment: each code object
+sees one segment, and its entries are that segment's (a step with gradients and one without,
+a last chunk of another size). No limit is raised, and a user's ``torch.compile(planned)``
+gets the same. The copies are made once a runner (microseconds), and die with it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import operator
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -70,7 +86,21 @@ class SegmentObserver(Protocol):
 
 
 class SegmentRunner:
-    """Runs one segment's subgraph, recomputed and chunked as planned (NOTE [Segment runners])."""
+    """Runs one segment's subgraph, recomputed and chunked as planned (NOTE [Segment runners]).
+
+    Each runner is an instance of a class of its own whose functions have code objects of
+    their own (NOTE [A segment's own code under torch.compile]).
+    """
+
+    # The compiled_backend functions the runner breaks graphs in, called through the runner
+    # so that each runner's class holds copies of its own.
+    _in_own_graph = staticmethod(in_own_graph)
+    _graph_of_its_own = staticmethod(graph_of_its_own)
+
+    def __new__(cls, index: int = -1, *args: Any, **kwargs: Any) -> SegmentRunner:
+        if cls is not SegmentRunner:
+            return super().__new__(cls)
+        return super().__new__(_runner_class(index))
 
     def __init__(
         self,
@@ -92,7 +122,7 @@ class SegmentRunner:
     def __call__(self, *inputs: Any) -> Any:
         if self.observer is not None:
             self.observer.segment_started(self.index)
-        outputs = in_own_graph(self.action.region_fraction, lambda: self._run(inputs))
+        outputs = self._in_own_graph(self.action.region_fraction, lambda: self._run(inputs))
         if self.observer is not None:
             self.observer.segment_finished(self.index, inputs, outputs)
         return outputs
@@ -137,7 +167,7 @@ class SegmentRunner:
                 for value, parts in zip(inputs, split, strict=True)
             ]
             # NOTE [Chunks under torch.compile]
-            pieces.append(graph_of_its_own(self._checkpointed, *chunk_inputs))
+            pieces.append(self._graph_of_its_own(self._checkpointed, *chunk_inputs))
         return tuple(
             torch.cat(list(parts), dim=dim)
             for parts, dim in zip(
@@ -149,6 +179,54 @@ class SegmentRunner:
         if self.action.selective:
             return selective_contexts(lambda: buffers_restored(self.stateful_modules))
         return contextlib.nullcontext(), buffers_restored(self.stateful_modules)
+
+
+#: The functions a runner's class holds copies of (NOTE [A segment's own code under
+#: torch.compile]): every frame dynamo may start on while a segment runs.
+_OWN_CODE = ("__call__", "_run", "_checkpointed", "_chunked", "_in_own_graph", "_graph_of_its_own")
+
+
+def _runner_class(index: int) -> type[SegmentRunner]:
+    """A subclass of :class:`SegmentRunner` for segment ``index`` whose :data:`_OWN_CODE`
+    functions have code objects of their own."""
+    label = f"segment_{index}"
+    functions: dict[str, Any] = {}
+    for name in _OWN_CODE:
+        function = SegmentRunner.__dict__[name]
+        if isinstance(function, staticmethod):
+            functions[name] = staticmethod(own_code(function.__func__, label))
+        else:
+            functions[name] = own_code(function, label)
+    return type(f"SegmentRunner_{index}", (SegmentRunner,), functions)
+
+
+def own_code(function: Callable[..., Any], label: str) -> Callable[..., Any]:
+    """``function`` with a code object of its own, and of their own for the functions defined
+    in it (its lambdas), their qualified names ending in ``label``: dynamo keeps its compiled
+    entries, and counts recompiles, per code object."""
+    code = _code_copy(function.__code__, label)
+    copy = types.FunctionType(
+        code, function.__globals__, function.__name__, function.__defaults__, function.__closure__
+    )
+    copy.__kwdefaults__ = function.__kwdefaults__
+    copy.__qualname__ = code.co_qualname
+    copy.__module__ = function.__module__
+    copy.__doc__ = function.__doc__
+    return copy
+
+
+def _code_copy(code: types.CodeType, label: str) -> types.CodeType:
+    constants = tuple(
+        _code_copy(constant, label) if isinstance(constant, types.CodeType) else constant
+        for constant in code.co_consts
+    )
+    # The name too: code objects that compare equal are taken for one another where dynamo
+    # builds the bytecode of a frame it resumes (a lambda of one segment stood for all).
+    return code.replace(
+        co_consts=constants,
+        co_name=f"{code.co_name}_{label}",
+        co_qualname=f"{code.co_qualname}_{label}",
+    )
 
 
 @contextlib.contextmanager
