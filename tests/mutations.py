@@ -1019,7 +1019,7 @@ MUTATIONS = (
         "every segment runner runs one class's code, so dynamo counts each segment's compile as "
         "a recompile of the same code and runs the segments past the eighth eagerly",
         "autockpt/planner/runtime/segment_runners.py",
-        "        return super().__new__(_runner_class(index))\n",
+        "        return super().__new__(runner_class(index))\n",
         "        return super().__new__(cls)\n",
         ("tests/planner/test_compiled_segments.py",),
     ),

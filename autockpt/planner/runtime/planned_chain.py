@@ -20,7 +20,11 @@ from autockpt.errors import PlanMismatchError
 from autockpt.planner.core.decisions import SegmentAction
 from autockpt.planner.runtime.chain_spans import Span
 from autockpt.planner.runtime.held_state import with_state_put_back
-from autockpt.planner.runtime.segment_runners import SegmentObserver, SegmentRunner
+from autockpt.planner.runtime.segment_runners import (
+    SegmentObserver,
+    class_of_its_own,
+    runner_class,
+)
 from autockpt.planner.trace.fx_graph import Segment
 from autockpt.planner.trace.module_chain import module_segments
 
@@ -57,7 +61,9 @@ def build_module_planned(
         assert len(links) == 1 or action.region_fraction is None, "a span is several calls"
         if len(links) == 1:
             link = links[0]
-            link.forward = _LinkForward(segment.index, link.forward, action, link, observer)
+            # NOTE [A segment's own code under torch.compile]: each link's call its own code.
+            forward = class_of_its_own(_LinkForward, f"link_{segment.index}", ("__call__",))
+            link.forward = forward(segment.index, link.forward, action, link, observer)
             continue
         span = Span(
             segment.index,
@@ -110,6 +116,9 @@ class _LinkForward:
         self.action = action
         self.stateful_modules = _stateful_modules([module])
         self.observer = observer
+        self.runner_class = runner_class(index)
+        """The link's runner class, one for every call (NOTE [A segment's own code under
+        torch.compile])."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, spec = tree_flatten((args, kwargs))
@@ -134,7 +143,7 @@ class _LinkForward:
         action = self.action if chunked else dataclasses.replace(self.action, num_chunks=1)
         if action.recompute:
             run = with_state_put_back(run, (*args, *kwargs.values()))
-        runner = SegmentRunner(self.index, run, action, self.stateful_modules, self.observer)
+        runner = self.runner_class(self.index, run, action, self.stateful_modules, self.observer)
         output = runner(*leaves)
         return tree_unflatten(list(output), output_spec[0]) if chunked else output
 

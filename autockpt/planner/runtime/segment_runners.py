@@ -51,11 +51,13 @@ its subgraph's class): runners sharing one class's code made one entry per segme
 those code objects, and past ``torch._dynamo.config.recompile_limit`` (8) dynamo ran the rest
 eagerly without a word: a 12-block model planned with compile at 45% of its peak, and every
 segment past the eighth of the compiled search's regions. So each runner is an instance of a
-class of its own (:func:`_runner_class`) whose functions are copies with code objects of their
+class of its own (:func:`runner_class`) whose functions are copies with code objects of their
 own, nested ones included (:func:`own_code`), each named for its segment: each code object
 sees one segment, and its entries are that segment's (a step with gradients and one without,
-a last chunk of another size). No limit is raised, and a user's ``torch.compile(planned)``
-gets the same. The copies are made once a runner (microseconds), and die with it.
+a last chunk of another size). A module-level plan's links (NOTE [Module chain]) are the same:
+each link's call is its own code, and it keeps one runner class for all its calls (a class a
+call would be new code, compiled again, every step). No limit is raised, and a user's
+``torch.compile(planned)`` gets the same. The copies are made once a runner (microseconds).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ import contextlib
 import operator
 import types
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.fx as fx
@@ -100,7 +102,7 @@ class SegmentRunner:
     def __new__(cls, index: int = -1, *args: Any, **kwargs: Any) -> SegmentRunner:
         if cls is not SegmentRunner:
             return super().__new__(cls)
-        return super().__new__(_runner_class(index))
+        return super().__new__(runner_class(index))
 
     def __init__(
         self,
@@ -186,18 +188,27 @@ class SegmentRunner:
 _OWN_CODE = ("__call__", "_run", "_checkpointed", "_chunked", "_in_own_graph", "_graph_of_its_own")
 
 
-def _runner_class(index: int) -> type[SegmentRunner]:
+def runner_class(index: int) -> type[SegmentRunner]:
     """A subclass of :class:`SegmentRunner` for segment ``index`` whose :data:`_OWN_CODE`
-    functions have code objects of their own."""
-    label = f"segment_{index}"
+    functions have code objects of their own; ``SegmentRunner(index, ...)`` makes one each
+    time, so a caller making a runner a call keeps one class."""
+    return class_of_its_own(SegmentRunner, f"segment_{index}", _OWN_CODE)
+
+
+_T = TypeVar("_T")
+
+
+def class_of_its_own(base: type[_T], label: str, names: Sequence[str]) -> type[_T]:
+    """A subclass of ``base`` whose functions ``names`` (static methods too) are copies with
+    code objects of their own (:func:`own_code`), named for ``label``."""
     functions: dict[str, Any] = {}
-    for name in _OWN_CODE:
-        function = SegmentRunner.__dict__[name]
+    for name in names:
+        function = base.__dict__[name]
         if isinstance(function, staticmethod):
             functions[name] = staticmethod(own_code(function.__func__, label))
         else:
             functions[name] = own_code(function, label)
-    return type(f"SegmentRunner_{index}", (SegmentRunner,), functions)
+    return type(f"{base.__name__}_{label}", (base,), functions)
 
 
 def own_code(function: Callable[..., Any], label: str) -> Callable[..., Any]:

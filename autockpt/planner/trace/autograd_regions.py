@@ -183,11 +183,13 @@ def _patches(tracer: fx.Tracer) -> list[tuple[type, str, Any]]:
         node(exit_autocast, self._traced_entry)  # type: ignore[attr-defined]
 
     callers: dict[type, Callable[..., Any]] = {}
-    original_apply = torch.autograd.Function.__dict__["apply"].__func__
+    # A classmethod written in Python up to torch 2.14, one written in C (no ``__func__``)
+    # from 2.15: bound through the descriptor, either calls the original for ``cls``.
+    original_apply = torch.autograd.Function.__dict__["apply"]
 
     def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
         if not _traces((args, kwargs)):
-            return original_apply(cls, *args, **kwargs)
+            return original_apply.__get__(None, cls)(*args, **kwargs)
         if cls not in callers:
             callers[cls] = _function_caller(cls)
         return tracer.create_proxy("call_function", callers[cls], args, kwargs)
