@@ -61,6 +61,10 @@ def launch_two_ranks(*arguments: str) -> subprocess.CompletedProcess[str]:
     """
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
+    # A rank that dies of a signal prints its threads' Python stacks, and torch's C++ stack
+    # where it raises: what the warning below carries when a launch is run again.
+    env["PYTHONFAULTHANDLER"] = "1"
+    env["TORCH_SHOW_CPP_STACKTRACES"] = "1"
     command = [
         sys.executable,
         "-m",
@@ -84,7 +88,7 @@ def launch_two_ranks(*arguments: str) -> subprocess.CompletedProcess[str]:
         command, cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
     )
     if result.returncode != 0 and _RANK_KILLED_BY_A_SIGNAL.search(result.stderr):
-        tail = result.stderr[-1500:]
+        tail = result.stderr[-6000:]
         warnings.warn(f"a rank died of a signal; launching again: {tail}", stacklevel=2)
         shutil.rmtree(run, ignore_errors=True)
         if saved.exists():

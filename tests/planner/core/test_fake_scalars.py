@@ -18,7 +18,9 @@ from autockpt.planner.core.fake_mode import FakeScalars
 def test_a_fake_tensor_reads_as_a_healthy_step_s_value_and_a_real_one_as_itself() -> None:
     three, nan = torch.tensor(3.0), torch.tensor(float("nan"))
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        loss = mode.from_tensor(torch.tensor(7.5))
+        # An op's output: torch 2.15 keeps a one-element tensor made fake as a constant whose
+        # value reads without FakeScalars, as a step's loss is not.
+        loss = mode.from_tensor(torch.full((4,), 7.5)).mean()
         with pytest.raises(DataDependentOutputException):
             loss.item()
         with FakeScalars():
