@@ -1038,17 +1038,18 @@ MUTATIONS = (
         "taken seconds or minutes apart, so a candidate slowed once by another process is "
         "passed over",
         "autockpt/planner/compiled_search.py",
-        "        candidate.step_s = min(seconds[id(candidate)])\n",
+        "        candidate.step_s = min(seconds)\n",
         "        candidate.step_s = candidate.step_s\n",
         ("tests/planner/test_compiled_segments.py",),
     ),
     Mutation(
         "compiled-retiming-in-one-order",
-        "the compiled search's second timing runs its candidates in the same order every round, "
-        "so one always follows the same other and pays for what it left",
-        "autockpt/planner/compiled_search.py",
-        "        shift = round_index % len(timed)\n",
-        "        shift = 0\n",
+        "timing in rounds (the compiled search's second timing, the eager whole-plan timing) "
+        "runs the steps in the same order every round, so one always follows the same other "
+        "and pays for what it left",
+        "autockpt/planner/solve/whole_plan_timing.py",
+        "        for index in [*range(rounds % len(runs), len(runs)), *range(rounds % len(runs))]:\n",
+        "        for index in range(len(runs)):\n",
         ("tests/planner/test_compiled_segments.py",),
     ),
     Mutation(

@@ -50,6 +50,7 @@ compiles again on its next call).
 from __future__ import annotations
 
 import copy
+import functools
 import statistics
 import time
 import warnings
@@ -67,6 +68,7 @@ from autockpt.planner.measure.optimizers import give_state, make_optimizer
 from autockpt.planner.measure.step_profile import OptimizerSpec
 from autockpt.planner.plan_types import PeakBreakdown, Plan, SegmentPlan
 from autockpt.planner.runtime.compiled_backend import compile_in_place
+from autockpt.planner.solve.whole_plan_timing import times_in_rounds
 from autockpt.planner.training_step import training_step
 from autockpt.progress import report_progress
 
@@ -240,14 +242,11 @@ def retime(
     rotates, and set each one's ``step_s`` to the fastest of its rounds (NOTE [Compiled
     plans]): a noisy moment slows a round's steps alike, and none always follows one other."""
     timed = [plain, *(c for c in finalists if c is not plain)]
-    seconds: dict[int, list[float]] = {id(c): [] for c in timed}
-    for round_index in range(ROUNDS):
-        shift = round_index % len(timed)
-        for candidate in timed[shift:] + timed[:shift]:
-            assert candidate.step is not None, "a finalist keeps its compiled step"
-            seconds[id(candidate)].append(step_seconds(candidate.step))
-    for candidate in timed:
-        candidate.step_s = min(seconds[id(candidate)])
+    steps = [c.step for c in timed if c.step is not None]
+    assert len(steps) == len(timed), "a finalist keeps its compiled step"
+    runs = [functools.partial(step_seconds, step) for step in steps]
+    for candidate, seconds in zip(timed, times_in_rounds(runs, ROUNDS, ROUNDS, 0.0), strict=True):
+        candidate.step_s = min(seconds)
         candidate.retimed = True
 
 

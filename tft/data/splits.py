@@ -30,6 +30,7 @@ from tft.data.columns import _error
 from tft.errors import ConfigError, DataError
 
 __all__ = [
+    "NO_CUT",
     "SPLIT_NAMES",
     "SplitTimes",
     "StartRuns",
@@ -46,6 +47,8 @@ __all__ = [
 ]
 
 SPLIT_NAMES = ("train", "validation", "test")
+NO_CUT = int(np.iinfo(np.int64).max)
+"""The cut point of a part that does not start: past every time (:func:`split_cuts`)."""
 
 SplitTimes = Sequence[str | datetime]
 """Where validation and then test begin: two ISO 8601 times or ``datetime`` values."""
@@ -177,9 +180,8 @@ def split_cuts(distinct_times: np.ndarray, fractions: Sequence[float] | None) ->
     times. Where a part is empty at the end, its cut is just after the file's last time (so a
     later file's bars are past every cut: ``predict`` counts them never seen); the largest
     int64 where there is no split."""
-    never = int(np.iinfo(np.int64).max)
     if fractions is None or len(distinct_times) == 0:
-        return never, never
+        return NO_CUT, NO_CUT
     after_the_file = int(distinct_times[-1]) + 1
     cuts = []
     for fraction in (fractions[0], fractions[0] + fractions[1]):
@@ -293,8 +295,8 @@ def split_windows(
     Raises:
         DataError: a split with a share of the time has no full window.
     """
-    never, ever = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
-    spans = ((never, cuts[0]), (cuts[0], max(cuts)), (max(cuts), ever))
+    before_every = int(np.iinfo(np.int64).min)
+    spans = ((before_every, cuts[0]), (cuts[0], max(cuts)), (max(cuts), NO_CUT))
     starts_of_splits = []
     shares = fractions if fractions is not None else (1.0, 1.0, 1.0)
     for span, name, fraction in zip(spans, SPLIT_NAMES, shares, strict=True):

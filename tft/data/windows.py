@@ -365,7 +365,9 @@ def load_windows(
 
     window = (encoder_length, horizon)
     split = (None if starts_ns is not None else split_fractions, starts_ns)
-    starts, cuts = part_windows(path, time_ns, symbol_bounds, np.unique(time_ns), split, window)
+    # The distinct times cut a split by shares (a sort of every row's time: none without one).
+    distinct = np.unique(time_ns) if split != (None, None) else time_ns[:0]
+    starts, cuts = part_windows(path, time_ns, symbol_bounds, distinct, split, window)
     training = time_ns < cuts[0] if cuts is not None else np.ones(len(time_ns), dtype=bool)
 
     encoded = InputEncoder(path, table, roles, symbols, (file_rows, codes, training))

@@ -34,6 +34,7 @@ The optimizer step is the same for every plan and is not timed here.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -127,6 +128,23 @@ class StepRunner:
         return on_line(low_s, low, high_s, high, self.stopwatch.whole_batch_size)
 
 
+def times_in_rounds(
+    runs: Sequence[Callable[[], float]], min_rounds: int, max_rounds: int, rounds_s: float
+) -> list[list[float]]:
+    """Each of ``runs``' seconds in every round, the order rotating every round so that none
+    always runs right after the same other one (NOTE [Whole-plan timing]): at least
+    ``min_rounds``, more while the rounds so far took under ``rounds_s`` seconds, at most
+    ``max_rounds``."""
+    times: list[list[float]] = [[] for _ in runs]
+    started = time.perf_counter()
+    rounds = 0
+    while rounds < min_rounds or (rounds < max_rounds and time.perf_counter() - started < rounds_s):
+        for index in [*range(rounds % len(runs), len(runs)), *range(rounds % len(runs))]:
+            times[index].append(runs[index]())
+        rounds += 1
+    return times
+
+
 def fastest_of(
     candidates: Sequence[tuple[Decision, StepProfile]], runner: StepRunner, plain_s: float
 ) -> TimedChoice:
@@ -142,15 +160,15 @@ def fastest_of(
     plans = [None, *(d for d, _ in candidates)]
     counts = runner.sample_counts()
     runs = [runner.seconds(d, n) for d in plans for n in counts]
-    times: list[list[float]] = [[] for _ in runs]
-    started = time.perf_counter()
-    rounds = 0
-    while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - started < ROUNDS_S):
-        # The order rotates every round: no plan always runs right after the same other one.
-        for index in [*range(rounds % len(runs), len(runs)), *range(rounds % len(runs))]:
-            with runner.stopwatch.isolated():
-                times[index].append(runs[index]())
-        rounds += 1
+
+    def isolated(run: Callable[[], float]) -> float:
+        with runner.stopwatch.isolated():
+            return run()
+
+    times = times_in_rounds(
+        [functools.partial(isolated, run) for run in runs], MIN_ROUNDS, MAX_ROUNDS, ROUNDS_S
+    )
+    rounds = len(times[0])
     fastest = [min(t) for t in times]
     at_whole = [
         runner.whole_batch_s(fastest[i : i + len(counts)]) for i in range(0, len(runs), len(counts))

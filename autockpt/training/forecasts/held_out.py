@@ -16,12 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from autockpt.training.forecasts.evaluate import evaluate
 from autockpt.training.setup.prepare import Setup
 from autockpt.training.setup.runs import BEST_FILE, RunFolder
-from tft.data.splits import time_text
+from tft.data.splits import NO_CUT, time_text
 
 
 def score_test_windows(setup: Setup, run: RunFolder) -> dict[str, Any]:
@@ -60,11 +58,10 @@ def split_record(setup: Setup) -> dict[str, Any]:
     begin at (ISO 8601, UTC; None where the split has no such cut) and each part's windows."""
     data = setup.data
     cuts = data.split_cuts_ns or ()
-    never = int(np.iinfo(np.int64).max)  # tft.data.splits.split_cuts: no split
     return {
         "asked": list(setup.config.split),
-        "validation_from": time_text(cuts[0]) if cuts and cuts[0] != never else None,
-        "test_from": time_text(cuts[1]) if cuts and cuts[1] != never else None,
+        "validation_from": time_text(cuts[0]) if cuts and cuts[0] != NO_CUT else None,
+        "test_from": time_text(cuts[1]) if cuts and cuts[1] != NO_CUT else None,
         "windows": {
             "train": len(data.train),
             "validation": len(data.validation),

@@ -56,6 +56,7 @@ __all__ = [
     "name_in",
     "pattern_base",
     "read_folder",
+    "shared_bar",
     "source_files",
 ]
 
@@ -313,11 +314,18 @@ def duplicate_bars(
         return
     at = int(np.flatnonzero(same)[0])
     names = folder_files(folder)
-    first, second = (name_in(folder, names[int(files[i])]) for i in (at, at + 1))
-    raise _error(
+    first, second = (names[int(files[i])] for i in (at, at + 1))
+    raise shared_bar(folder, symbols[int(codes[at])], int(time_ns[at]), (first, second))
+
+
+def shared_bar(folder: Path, symbol: str, time_ns: int, files: tuple[Path, Path]) -> DataError:
+    """The error for one bar (``symbol`` at ``time_ns``) in two files of ``folder``, read in
+    memory or streamed."""
+    first, second = (name_in(folder, file) for file in files)
+    return _error(
         folder,
-        f"the bar of {symbols[int(codes[at])]} at {np.datetime64(int(time_ns[at]), 'ns')} is in "
-        f"both {first} and {second}; keep it in one file",
+        f"the bar of {symbol} at {np.datetime64(time_ns, 'ns')} is in both {first} and "
+        f"{second}; keep it in one file",
     )
 
 

@@ -35,6 +35,7 @@ from tft.data.sources.parquet_folder import (
     footer,
     many_files,
     name_in,
+    shared_bar,
 )
 from tft.data.streamed.build_progress import BuildProgress, rows_line
 from tft.data.timestamps import read_times
@@ -181,13 +182,10 @@ def _edges(path: Path, files: list[Path], stretches: dict[str, list[_Stretch]]) 
         group.sort(key=lambda stretch: (stretch.first_ns, stretch.last_ns))
         for before, after in zip(group, group[1:], strict=False):
             if before.last_ns >= after.first_ns:
-                a, b = (name_in(path, files[s.file]) for s in (before, after))
                 if before.last_ns == after.first_ns:  # one shared bar: as in memory
-                    raise _error(
-                        path,
-                        f"the bar of {name or 'the series'} at {_iso(after.first_ns)} is in "
-                        f"both {a} and {b}; keep it in one file",
-                    )
+                    pair = (files[before.file], files[after.file])
+                    raise shared_bar(path, name or "the series", after.first_ns, pair)
+                a, b = (name_in(path, files[s.file]) for s in (before, after))
                 raise _error(
                     path,
                     f"{_bars_of(name)} in {a} ({_iso(before.first_ns)} to "
