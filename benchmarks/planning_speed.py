@@ -17,7 +17,13 @@ wrapping the functions ``autockpt.plan`` calls (in this process only, nothing is
 With ``--fresh-process`` each row is also timed as the first ``plan()`` of a new Python
 process, which is what one ``autockpt plan`` command pays.
 
+``--commands`` times the commands instead, each in ``--repeats`` new processes: ``autockpt plan
+--vram-budget 8MB`` on the bundled sample (the command run once, "cold", then twice more in the
+same process, "warm": the third's planning is the warm figure) and ``autockpt demo``; for each,
+the wall time, the ``plan()`` calls it made and the planning time of each call.
+
     python benchmarks/planning_speed.py [--presets tiny,small,tft-225] [--repeats 3] [--fresh-process]
+    python benchmarks/planning_speed.py --commands [--repeats 3]
 """
 
 from __future__ import annotations
@@ -188,6 +194,77 @@ def fresh_process_s(preset: str, budget_bytes: int, threads: int) -> float:
     return float(result.stdout.strip().splitlines()[-1])
 
 
+#: What a new process runs for ``--commands``: the command line given, ``times`` times, with
+#: every ``autockpt.plan`` call (the trainer's, through ``make_plan``) counted and timed; one
+#: JSON line on stderr per run of the command.
+COMMAND_CHILD = """
+import json, sys, tempfile, time
+started = time.perf_counter()
+import autockpt
+from autockpt.cli.main import main
+calls = []
+plan = autockpt.plan
+def counted(*args, **kwargs):
+    called = time.perf_counter()
+    result = plan(*args, **kwargs)
+    calls.append({"call_s": time.perf_counter() - called, "planning_s": result.planning_s})
+    return result
+autockpt.plan = counted
+argv, times = json.loads(sys.argv[1]), int(sys.argv[2])
+imported = time.perf_counter() - started
+for run in range(times):
+    calls.clear()
+    began = time.perf_counter()
+    line = [a.replace("{out}", tempfile.mkdtemp() + "/run") for a in argv]
+    code = main(line)
+    record = {"run": run, "code": code, "main_s": time.perf_counter() - began, "calls": calls}
+    record["import_s"] = imported if run == 0 else 0.0
+    print(json.dumps(record), file=sys.stderr)
+"""
+
+#: The commands ``--commands`` times, and how many times each runs in one process.
+COMMANDS = (
+    ("plan --vram-budget 8MB (sample)", ["plan", "--vram-budget", "8MB", "--quiet"], 3),
+    ("demo", ["demo", "--quiet", "--out", "{out}"], 1),
+)
+
+
+def time_commands(repeats: int) -> list[dict[str, Any]]:
+    """Each of ``COMMANDS`` in ``repeats`` new processes: its runs' wall and planning times."""
+    sample = REPO / "examples" / "data" / "sample.parquet"
+    rows = []
+    for label, argv, times in COMMANDS:
+        line = [*argv, str(sample)] if argv[0] == "plan" else argv
+        for repeat in range(repeats):
+            started = time.perf_counter()
+            result = subprocess.run(
+                [sys.executable, "-c", COMMAND_CHILD, json.dumps(line), str(times)],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+            )
+            wall_s = time.perf_counter() - started
+            runs = [json.loads(x) for x in result.stderr.splitlines() if x.startswith('{"run"')]
+            if result.returncode != 0 or len(runs) != times:
+                raise RuntimeError(f"{label} failed:\n{result.stderr[-3000:]}")
+            rows.append({"command": label, "repeat": repeat, "process_s": wall_s, "runs": runs})
+            cold, warm = runs[0], runs[-1]
+            print(
+                f"{label}, process {repeat + 1}: {wall_s:.2f} s in all; cold: "
+                f"{len(cold['calls'])} plan() call(s), planning "
+                + " + ".join(f"{c['planning_s']:.2f}" for c in cold["calls"])
+                + f" s (plan() {sum(c['call_s'] for c in cold['calls']):.2f} s)"
+                + (
+                    f"; warm (run {times} in the process): planning "
+                    + " + ".join(f"{c['planning_s']:.2f}" for c in warm["calls"])
+                    + f" s (plan() {sum(c['call_s'] for c in warm['calls']):.2f} s)"
+                    if times > 1
+                    else ""
+                )
+            )
+    return rows
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     heads = [
         "preset",
@@ -232,7 +309,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="also time each row's plan() as the first call of a new process",
     )
+    parser.add_argument(
+        "--commands",
+        action="store_true",
+        help="time the plan command on the sample and the demo instead, in new processes",
+    )
     args = parser.parse_args(argv)
+    if args.commands:
+        load_before = os.getloadavg()
+        command_rows = time_commands(args.repeats)
+        print(f"load average {'/'.join(f'{x:.1f}' for x in load_before)} before")
+        if args.json is not None:
+            args.json.write_text(json.dumps({"commands": command_rows}, indent=2) + "\n")
+        return 0
     torch.set_num_threads(args.threads)
     presets = [p.strip() for p in args.presets.split(",") if p.strip()]
     load_before = os.getloadavg()

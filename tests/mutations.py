@@ -1315,6 +1315,36 @@ MUTATIONS = (
         "    if True:",
         ("tests/planner/test_loss_chunks.py",),
     ),
+    Mutation(
+        "threads-timed-at-the-processs-count",
+        "the planner times the real model at the threads the process had when planning began, "
+        "not at the count chosen from the plain step, which training runs with",
+        "autockpt/planner/pipeline.py",
+        "    chosen = request.cpu_threads\n",
+        "    chosen = None\n",
+        (
+            "tests/planner/test_decided_budget.py",
+            "tests/training/test_train.py::test_a_run_plans_in_the_process_it_trains_in",
+        ),
+    ),
+    Mutation(
+        "budget-decided-from-the-placeholder",
+        "a budget given as a function of the plain step is called with the undecided budget's "
+        "bytes instead of the plain step's",
+        "autockpt/planner/pipeline.py",
+        "    budget, request = budget_decided(budget, request, budget.shown_bytes(kept.peak_bytes))\n",
+        "    budget, request = budget_decided(budget, request, budget.usable_bytes)\n",
+        ("tests/planner/test_decided_budget.py",),
+    ),
+    Mutation(
+        "chunked-loss-decides-a-budget-of-its-own",
+        "where the loss run whole fits nothing, the plan with the loss in chunks decides its "
+        "budget from its own, smaller, plain step",
+        "autockpt/planner/loss_chunks.py",
+        "        budget, request = budget_decided(budget, request, refused.unplanned_bytes)\n",
+        "",
+        ("tests/planner/test_decided_budget.py",),
+    ),
 )
 
 

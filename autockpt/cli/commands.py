@@ -155,23 +155,30 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     )
     if config.out is None:
         config = config.with_updates(out=Path(tempfile.mkdtemp(prefix="autockpt-demo-")) / "run")
+    decided = config.vram_budget is None
     with waiting(console, quiet=config.quiet):
-        if config.vram_budget is None:
+        if decided and config.compile:
+            # A compiled search compiles its candidates for a budget in bytes: the plain
+            # step's peak is planned for first.
+            half = prepare(config).plan.unplanned_peak_bytes // 2
+            config = config.with_updates(vram_budget=parse_budget(half))
+        try:
             # Show the planner at work: half of what the step takes with nothing recomputed,
-            # or a tenth over the least any plan takes where no plan fits half.
-            unplanned_bytes = prepare(config).plan.unplanned_peak_bytes
-            target = unplanned_bytes // 2
-            try:
-                setup, run = start_run(config.with_updates(vram_budget=parse_budget(target)))
-            except InfeasibleBudgetError as error:
-                target = int(error.minimum_bytes * 1.1)
-                setup, run = start_run(config.with_updates(vram_budget=parse_budget(target)))
-        else:
-            setup, run = start_run(config)
-    if config.vram_budget is None and not config.quiet:
+            # decided in the one planning (NOTE [A budget decided from the plain step]), or a
+            # tenth over the least any plan takes where no plan fits half.
+            half_of_plain = (
+                (lambda plain: parse_budget(plain // 2)) if config.vram_budget is None else None
+            )
+            setup, run = start_run(config, budget_of_plain=half_of_plain)
+        except InfeasibleBudgetError as error:
+            if not decided:
+                raise
+            target = parse_budget(int(error.minimum_bytes * 1.1))
+            setup, run = start_run(config.with_updates(vram_budget=target))
+    if decided and not config.quiet:
         console.print(
-            f"demo: the step takes {format_bytes(unplanned_bytes)} with nothing "
-            f"recomputed; planning for {format_bytes(target)} instead"
+            f"demo: the step takes {format_bytes(setup.plan.unplanned_peak_bytes)} with nothing "
+            f"recomputed; planning for {format_bytes(setup.plan.budget_bytes)} instead"
         )
     return _run_training(setup, run, console, checkpoint=None)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -25,9 +25,9 @@ from autockpt.errors import (
 from autockpt.planner.compiled_search import MAX_COMPILES, plan_compiled
 from autockpt.planner.core.decisions import Parallelism
 from autockpt.planner.core.host_settings import cyclic_gc_paused, one_cpu_thread
-from autockpt.planner.core.step_budget import StepBudget
+from autockpt.planner.core.step_budget import BudgetGiven, StepBudget, read_budget
 from autockpt.planner.core.train_eval import training_mode
-from autockpt.planner.core.units import Budget, format_bytes, parse_budget
+from autockpt.planner.core.units import Budget, format_bytes
 from autockpt.planner.loss_chunks import plan_step
 from autockpt.planner.measure.sharding import (
     RankShare,
@@ -53,7 +53,7 @@ from autockpt.progress import (
 def plan(
     model: torch.nn.Module,
     example_inputs: Sequence[torch.Tensor],
-    budget: str | int | Budget = "auto",
+    budget: BudgetGiven = "auto",
     *,
     loss_fn: LossFn | None = None,
     example_targets: Sequence[torch.Tensor] = (),
@@ -72,6 +72,7 @@ def plan(
     compile: bool = False,
     max_compiles: int = MAX_COMPILES,
     progress: bool | ProgressReporter | None = None,
+    cpu_threads: int | Callable[[int], int] | None = None,
 ) -> Plan:
     """Plan a training step of ``model`` that fits ``budget`` (NOTE [Planning]).
 
@@ -85,7 +86,11 @@ def plan(
         example_inputs: a tuple of positional inputs at the training batch size (a dict of
             tensors may be one of them).
         budget: bytes as an ``int``, or ``"4GB"``, ``"3.5GiB"``, ``"800MB"``, ``"auto"``, or a
-            :class:`~autockpt.planner.core.units.Budget` already read.
+            :class:`~autockpt.planner.core.units.Budget` already read; or a function of the
+            plain step's peak in bytes that returns one of those (``lambda plain: plain // 2``:
+            half of what the step takes with nothing recomputed), called once that step is
+            measured, so that planning runs once (NOTE [A budget decided from the plain
+            step]). Not with ``compile=True``.
         loss_fn: ``loss_fn(output, *example_targets) -> scalar``; default: the sum of the
             outputs.
         example_targets: what the loss compares against, at the training batch size (the
@@ -144,6 +149,11 @@ def plan(
             is a terminal (or hands them to a reporter installed around the call with
             :func:`autockpt.progress.showing_progress`), ``True`` always on stderr, ``False``
             nothing, or a function called with each line.
+        cpu_threads: the CPU threads training will run with, at which the real model is timed
+            (on the CPU): a count, or a function of the plain step's bytes that returns it,
+            called once that step is measured and before anything is timed (NOTE [Threads
+            chosen from the plain step]); default: torch's count when ``plan()`` is called.
+            Planning itself runs on one thread either way.
 
     Returns:
         The plan: which segments recompute (and in how many chunks), how many micro-batches,
@@ -169,9 +179,7 @@ def plan(
                 "loss_fn=lambda output, *targets: ..."
             )
         resolved_device = _resolve_device(model, device)
-        read = (
-            budget if isinstance(budget, Budget) else parse_budget(budget, device=resolved_device)
-        )
+        read, budget_of_plain = read_budget(budget, resolved_device, compile=compile)
         parallelism = parallelism or ("single" if world_size == 1 else "ddp")
         request = PlanRequest(
             loss_fn=loss_fn,
@@ -187,18 +195,12 @@ def plan(
             gradients_live=gradients_live,
             world_size=world_size,
             parallelism=parallelism,
+            cpu_threads=cpu_threads,
+            budget_of_plain=budget_of_plain,
         )
         if not model.training:
             _warn_eval_mode(model)
-        share = rank_share(
-            parameter_layouts(
-                model,
-                optimizer=optimizer,
-                unit_paths=fsdp_unit_paths(model) if parallelism == "fsdp" else (),
-            ),
-            world_size=world_size,
-            parallelism=parallelism,
-        )
+        share = _rank_share(model, request)
         if compile:
             return _plan_compiled(model, example_inputs, read, share, request, max_compiles)
         if verify is None:
@@ -207,6 +209,9 @@ def plan(
         notes: list[str] = []
         for _ in range(REPLANNING.max_rounds):
             result = _plan_round(model, example_inputs, step_budget, share, request)
+            if request.budget_of_plain is not None:  # decided now, for every later round
+                read, step_budget = _as_decided(result, step_budget)
+                request = dataclasses.replace(request, budget_of_plain=None)
             if not verify or use_gradient_checkpointing is not None:
                 return result.model_copy(update={"notes": [*notes, *result.notes]})
             report_progress("planning: checking the plan with one real step")
@@ -236,6 +241,26 @@ def plan(
             budget_bytes=read.bytes,
             minimum_bytes=read.bytes,
         )
+
+
+def _rank_share(model: torch.nn.Module, request: PlanRequest) -> RankShare:
+    """One rank's states against one process's (NOTE [Per-rank accounting])."""
+    fsdp = request.parallelism == "fsdp"
+    return rank_share(
+        parameter_layouts(
+            model,
+            optimizer=request.optimizer,
+            unit_paths=fsdp_unit_paths(model) if fsdp else (),
+        ),
+        world_size=request.world_size,
+        parallelism=request.parallelism,
+    )
+
+
+def _as_decided(result: Plan, budget: StepBudget) -> tuple[Budget, StepBudget]:
+    """The budget ``result`` was planned for, where it was decided from the plain step."""
+    read = Budget(bytes=result.budget_bytes, text=result.budget_text, reading=result.budget_reading)
+    return read, budget.decided(read)
 
 
 def _progress_reporter(progress: bool | ProgressReporter | None) -> ProgressReporter | None:

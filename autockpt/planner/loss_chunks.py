@@ -29,7 +29,7 @@ from autockpt.planner.core.fake_mode import PlanningFakeMode
 from autockpt.planner.core.step_budget import StepBudget
 from autockpt.planner.core.units import format_bytes
 from autockpt.planner.measure.loss_positions import loss_over_positions
-from autockpt.planner.pipeline import PlanRequest, plan_one_process
+from autockpt.planner.pipeline import PlanRequest, budget_decided, plan_one_process
 from autockpt.planner.plan_types import LossChunks, Plan
 from autockpt.planner.runtime.chunked_loss import ChunkedLoss, LossOverPositions
 from autockpt.planner.runtime.head_cut import cut_before_head_module
@@ -72,6 +72,8 @@ def plan_step(
     try:
         whole = plan_one_process(model, example_inputs, budget, request, cpu_threads=cpu_threads)
     except InfeasibleBudgetError as refused:
+        # NOTE [A budget decided from the plain step]: the budget the loss run whole planned for.
+        budget, request = budget_decided(budget, request, refused.unplanned_bytes)
         try:
             chunked = _chunked_plan(
                 model, example_inputs, budget, request, refused.unplanned_bytes, cpu_threads
@@ -86,6 +88,7 @@ def plan_step(
     )
     if plain:
         return whole
+    budget, request = budget_decided(budget, request, whole.unplanned_peak_bytes)
     try:
         chunked = _chunked_plan(
             model, example_inputs, budget, request, whole.unplanned_peak_bytes, cpu_threads

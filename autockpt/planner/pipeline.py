@@ -64,8 +64,9 @@ budget first (``context_bytes`` and ``headroom_bytes`` in the breakdown).
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -73,7 +74,7 @@ import torch
 from autockpt.errors import warn_at_the_callers_line
 from autockpt.planner.core.decisions import Parallelism
 from autockpt.planner.core.step_budget import StepBudget
-from autockpt.planner.core.units import format_bytes
+from autockpt.planner.core.units import Budget, format_bytes
 from autockpt.planner.measure.step_measurer import StepMeasurer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec, StepProfile
 from autockpt.planner.plan_types import Plan, StepTimelines, Strategy
@@ -115,6 +116,14 @@ class PlanRequest:
     gradients_live: bool
     world_size: int
     parallelism: Parallelism
+    #: The CPU threads training runs with (the real model is timed at it): a count, a function
+    #: of the plain step's bytes (NOTE [Threads chosen from the plain step]), or ``None``:
+    #: torch's count when ``plan()`` was called.
+    cpu_threads: int | Callable[[int], int] | None = None
+    #: The budget as a function of the plain step's bytes, as the device shows them, where
+    #: the caller gave one (NOTE [A budget decided from the plain step]); the step budget
+    #: planning starts from is then a placeholder.
+    budget_of_plain: Callable[[int], Budget] | None = None
 
 
 def plan_one_process(
@@ -151,11 +160,13 @@ def plan_one_process(
         room_bytes=usable_bytes,
     )
     kept = measurer.kept
+    budget, request = budget_decided(budget, request, budget.shown_bytes(kept.peak_bytes))
+    usable_bytes = budget.usable_bytes
     report_progress("planning: timing the segments on the real model")
     estimated, costs = step_costs(
         measurer,
         device,
-        cpu_threads=cpu_threads,
+        cpu_threads=training_threads(request, budget.shown_bytes(kept.peak_bytes), cpu_threads),
         room_bytes=calibration_room(usable_bytes, kept),
         usable_bytes=usable_bytes,
     )
@@ -213,6 +224,48 @@ def plan_one_process(
         planning_s=time.perf_counter() - started,
         planning_peak_bytes=planning_peak_bytes(measurer, costs, device, usable_bytes),
     )
+
+
+def budget_decided(
+    budget: StepBudget, request: PlanRequest, plain_bytes: int
+) -> tuple[StepBudget, PlanRequest]:
+    """``budget`` decided from the plain step's ``plain_bytes`` where the request holds a
+    function for it, and the request with that function spent; else both as they are.
+
+    NOTE [A budget decided from the plain step]
+    ``plan(model, inputs, budget=lambda plain: plain // 2)`` plans for half of what the step
+    takes with nothing recomputed. The plain step is the first thing planning measures, so the
+    budget is decided there and the search runs once; before, a caller (the demo) planned
+    without a limit for that number and then again for its budget. Nothing before the plain
+    step's measurement depends on the budget but the room a real copy (a model that does not
+    run on fake tensors) is measured in: with a budget still undecided that model's plain step
+    runs at its whole batch. A loss planned again in chunks of positions (NOTE [Loss over
+    positions in chunks]) plans for the budget the loss run whole decided, not for a share of
+    its own, smaller, plain step.
+    """
+    if request.budget_of_plain is None:
+        return budget, request
+    read = request.budget_of_plain(plain_bytes)
+    return budget.decided(read), dataclasses.replace(request, budget_of_plain=None)
+
+
+def training_threads(request: PlanRequest, unplanned_bytes: int, outside: int) -> int:
+    """The CPU threads the real model is timed at: ``request.cpu_threads``, called with the
+    plain step's bytes where it is a function, or ``outside`` (torch's count before planning).
+
+    NOTE [Threads chosen from the plain step]
+    A trainer that picks its thread count from the size of the step (one thread for a small
+    step, NOTE [Tuning the host process] in :mod:`autockpt.training.host.host_tuning`) needs
+    the plain step's peak before the planner times anything at that count. The trainer used
+    to plan twice for it, once without a limit for the peak and once for the budget
+    (``autockpt plan --vram-budget 8MB`` on the sample: two ``plan()`` calls, 7.0 s, in a new
+    process); the function is called once the plain step is measured, inside the one
+    planning, with the peak the plan reports as unplanned (one call, 5.1 s).
+    """
+    chosen = request.cpu_threads
+    if chosen is None:
+        return outside
+    return chosen(unplanned_bytes) if callable(chosen) else chosen
 
 
 def step_costs(

@@ -405,6 +405,16 @@ def test_a_run_plans_in_the_process_it_trains_in(
         return original(self, pieces)
 
     monkeypatch.setattr(pipeline.Stopwatch, "plain_step", record)
+    # NOTE [Threads chosen from the plain step]: one planning, not one for the step's size
+    # and another for the budget.
+    plans: list[autockpt.Plan] = []
+    original_plan = autockpt.plan
+
+    def counted(*args: object, **kwargs: object) -> autockpt.Plan:
+        plans.append(original_plan(*args, **kwargs))  # type: ignore[arg-type]
+        return plans[-1]
+
+    monkeypatch.setattr(autockpt, "plan", counted)
     # Tight enough to need a plan, loose enough that a real step of a few samples fits, so
     # that the planner times the real model (NOTE [Timing at a batch that fits]).
     budget = int(plan_of(plain_run).unplanned_peak_bytes * 0.6)
@@ -417,6 +427,7 @@ def test_a_run_plans_in_the_process_it_trains_in(
         torch.set_num_threads(threads)
     planned = plan_of(out)
     assert planned.num_recomputed > 0 or planned.num_micro_batches > 1
+    assert len(plans) == 1 and plans[0].budget_bytes == budget
     assert timed_on and set(timed_on) == {1}
     first = RunFolder(out).read_metrics()[0]
     assert "1 torch thread(s)" in first["message"]

@@ -22,11 +22,13 @@ budget up or down.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from autockpt.planner.core.units import Budget
+from autockpt.errors import ConfigError
+from autockpt.planner.core.units import Budget, parse_budget
 
 #: What the CUDA context takes before any tensor (measured when a GPU is present).
 DEFAULT_CUDA_CONTEXT_BYTES = 512 * 2**20
@@ -68,6 +70,11 @@ class StepBudget:
         context_bytes, headroom_fraction = device_reserve(device)
         return cls(read, read.bytes, context_bytes, headroom_fraction, rank_offset_bytes)
 
+    def decided(self, read: Budget) -> StepBudget:
+        """This budget on the same device and rank, read as ``read`` (a budget decided once the
+        plain step is measured, NOTE [A budget decided from the plain step])."""
+        return dataclasses.replace(self, read=read, target_bytes=read.bytes)
+
     def lowered(self, target_bytes: int) -> StepBudget:
         """The same budget, planned for at ``target_bytes`` (still reported as :attr:`read`)."""
         return dataclasses.replace(self, target_bytes=target_bytes)
@@ -94,3 +101,50 @@ class StepBudget:
             + self.context_bytes
             + self.rank_offset_shown_bytes
         )
+
+
+#: A budget as :func:`autockpt.plan` takes it: bytes, a text, one already read, or a function
+#: of the plain step's bytes returning one of those.
+BudgetGiven = str | int | Budget | Callable[[int], str | int | Budget]
+
+#: What planning starts from where the budget is decided from the plain step: no limit yet.
+UNDECIDED = Budget(
+    bytes=2**62,
+    text="decided from the plain step",
+    reading="decided once the plain step is measured",
+)
+
+
+def read_budget(
+    budget: BudgetGiven, device: torch.device, *, compile: bool
+) -> tuple[Budget, Callable[[int], Budget] | None]:
+    """``budget`` read for ``device``; where it is a function of the plain step's bytes,
+    :data:`UNDECIDED` and that function returning a read budget, called once per plain
+    step's bytes (the loss whole and in chunks share one; NOTE [A budget decided from the
+    plain step] in :mod:`autockpt.planner.pipeline`).
+
+    Raises:
+        BudgetError: the budget cannot be read.
+        ConfigError: a function with ``compile=True``.
+    """
+    if isinstance(budget, Budget):
+        return budget, None
+    if isinstance(budget, (str, int)):
+        return parse_budget(budget, device=device), None
+    if compile:
+        raise ConfigError(
+            "compile=True needs the budget in bytes (its candidates are compiled for it); "
+            "pass a number or a text such as '4GB', not a function"
+        )
+    decide = budget
+    decided: dict[int, Budget] = {}
+
+    def read(plain_bytes: int) -> Budget:
+        if plain_bytes not in decided:
+            value = decide(plain_bytes)
+            decided[plain_bytes] = (
+                value if isinstance(value, Budget) else parse_budget(value, device=device)
+            )
+        return decided[plain_bytes]
+
+    return UNDECIDED, read

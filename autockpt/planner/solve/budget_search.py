@@ -155,15 +155,21 @@ class BudgetSearch:
         return self.lowest_peak_fit(usable_bytes, notes)
 
     def fitting_alternatives(
-        self, usable_bytes: int, chosen: tuple[Decision, StepProfile], limit: int
+        self,
+        usable_bytes: int,
+        chosen: tuple[Decision, StepProfile],
+        limit: int,
+        runnable: Callable[[Decision], bool] = lambda _: True,
     ) -> list[tuple[Decision, StepProfile]]:
         """``chosen`` and the cheapest solution at each other micro-batch count, by the
-        estimate, whose measured step fits: up to ``limit`` plans (NOTE [Whole-plan timing])."""
+        estimate, whose measured step fits: up to ``limit`` plans (NOTE [Whole-plan timing]).
+        A decision ``runnable`` refuses is not measured (a step on fake tensors costs a few
+        tenths of a second where a whole-plan timing could not run it anyway)."""
         found = [chosen]
         seen = {_key(chosen[0])}
         for _, count, chain, solution in self._ranked_solutions(usable_bytes):
             decision = self._decode(chain, solution, count)
-            if len(found) >= limit or _key(decision) in seen:
+            if len(found) >= limit or _key(decision) in seen or not runnable(decision):
                 continue
             seen.add(_key(decision))
             profile = self.measure(decision)

@@ -169,14 +169,13 @@ class StagedSearch:
         """NOTE [Whole-plan timing]: the fastest of the plans that fit, timed whole, and the
         seconds it added (``None`` where only one plan fits and it was not timed)."""
         runner = StepRunner(costs.stopwatch)
-        candidates = [
-            c
-            for c in self.search.fitting_alternatives(self.usable_bytes, found, MAX_CANDIDATES)
-            if runner.can_run(c[0])
-        ]
         timed = stage_timed if stage_timed and stage_timed.decision == found[0] else None
-        if len(candidates) > 1 and runner.can_run(found[0]):
-            timed = fastest_of(candidates, runner, costs.unplanned_step_s())
+        if runner.can_run(found[0]):
+            candidates = self.search.fitting_alternatives(
+                self.usable_bytes, found, MAX_CANDIDATES, runnable=runner.can_run
+            )
+            if len(candidates) > 1:
+                timed = fastest_of(candidates, runner, costs.unplanned_step_s())
         if timed is None:
             return found, None
         self.notes.append(timed.note)

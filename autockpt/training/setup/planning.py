@@ -6,6 +6,8 @@ streams training draws from are untouched (NOTE [Exact resume] in :mod:`autockpt
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 import autockpt
@@ -22,7 +24,7 @@ def make_plan(
     model: torch.nn.Module,
     example_inputs: tuple[torch.Tensor, ...],
     example_targets: tuple[torch.Tensor, ...],
-    budget: Budget | None,
+    budget: Budget | Callable[[int], Budget] | None,
     *,
     loss_fn: QuantileLoss,
     device: torch.device,
@@ -30,10 +32,14 @@ def make_plan(
     autocast_dtype: torch.dtype | None,
     world_size: int = 1,
     parallelism: Parallelism = "single",
+    cpu_threads: Callable[[int], int] | None = None,
 ) -> Plan:
     """Plan without touching the random streams training draws from (NOTE [Exact resume]).
 
-    The plan is for one of ``world_size`` ranks sharing the model by ``parallelism``.
+    The plan is for one of ``world_size`` ranks sharing the model by ``parallelism``;
+    ``cpu_threads`` chooses the threads the run trains with from the plain step's bytes
+    (NOTE [Threads chosen from the plain step]); ``budget`` may be decided from them too
+    (NOTE [A budget decided from the plain step]), though not for a compiled search.
     """
     planned_for = budget if budget is not None else unlimited_budget()
     # NOTE [Compiled plans]: with --compile and a budget, the plan is searched for among
@@ -41,7 +47,7 @@ def make_plan(
     # trainer compiles the plain plan itself. The search plans one process in full precision.
     compiled_search = (
         config.compile
-        and budget is not None
+        and isinstance(budget, Budget)
         and world_size == 1
         and autocast_dtype is None
         and config.use_gradient_checkpointing is None
@@ -61,6 +67,7 @@ def make_plan(
             world_size=world_size,
             parallelism=parallelism,
             compile=compiled_search,
+            cpu_threads=cpu_threads,
         )
 
 

@@ -10,6 +10,7 @@ on to :mod:`autockpt.training.loop.train`.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,11 @@ from autockpt.training.host.distributed import (
     main_first,
     resolve_parallelism,
 )
-from autockpt.training.host.host_tuning import HostTuning
+from autockpt.training.host.host_tuning import (
+    HostTuning,
+    choose_threads,
+    keep_freed_memory,
+)
 from autockpt.training.host.host_tuning import tune_host as tune_process
 from autockpt.training.options.config import TrainConfig
 from autockpt.training.options.data_source import read_windows
@@ -103,6 +108,7 @@ def prepare(
     world: World = SINGLE_PROCESS,
     plan_world_size: int | None = None,
     tune_host: bool = False,
+    budget_of_plain: Callable[[int], Budget] | None = None,
 ) -> Setup:
     """Resolve the device, read the data, build the model and plan its training step.
 
@@ -116,6 +122,9 @@ def prepare(
         tune_host: on the CPU, set the process's threads and malloc as the run will train
             before planning for the budget, so that the step times the planner measures are
             the run's (NOTE [Tuning the host process]); the setup records what was set.
+        budget_of_plain: where the config gives no budget, the budget as a function of the
+            plain step's bytes, decided in the one planning (NOTE [A budget decided from the
+            plain step]); the setup's config and budget hold what it decided.
 
     Returns:
         The setup; nothing is written to disk.
@@ -133,6 +142,8 @@ def prepare(
     )
     autocast_dtype = resolve_precision(config.precision, device)
     budget = resolve_budget(config.vram_budget, device)
+    if budget is not None and budget_of_plain is not None:
+        raise ValueError("budget_of_plain is for a config without a budget")
     data_path, note = resolve_data_path(config)
     preset = get_preset(config.preset)
     data, streamed = main_first(
@@ -157,7 +168,11 @@ def prepare(
     example_inputs = tuple(t.to(device) for t in example.inputs())
     example_targets = (example.target.to(device),)
 
-    def planned(for_budget: Budget | None, settings: TrainConfig) -> Plan:
+    def planned(
+        for_budget: Budget | Callable[[int], Budget] | None,
+        settings: TrainConfig,
+        threads: Callable[[int], int] | None = None,
+    ) -> Plan:
         return agree_on_plan(
             world,
             lambda: make_plan(
@@ -171,25 +186,19 @@ def prepare(
                 autocast_dtype=autocast_dtype,
                 world_size=num_ranks,
                 parallelism=parallelism,
+                cpu_threads=threads,
             ),
         )
 
     host_tuning = None
+    asked = budget_of_plain or budget
     if tune_host and device.type == "cpu":
-        # NOTE [Tuning the host process]: the process is tuned from the unplanned step's size
-        # (a plan without a limit times nothing), then plans for its budget as it will train.
-        forced = config.use_gradient_checkpointing is True
-        sizing_config = config.with_updates(use_gradient_checkpointing=None) if forced else config
-        sizing = planned(None, sizing_config)
-        host_tuning = tune_process(config, device, sizing.unplanned_peak_bytes)
-        try:
-            plan = sizing if budget is None and not forced else planned(budget, config)
-        except BaseException:
-            if host_tuning is not None:
-                host_tuning.restore()  # no run follows to put the threads back
-            raise
+        plan, host_tuning = _planned_as_tuned(config, device, asked, planned)
     else:
-        plan = planned(budget, config)
+        plan = planned(asked, config)
+    if budget_of_plain is not None:
+        budget = Budget(bytes=plan.budget_bytes, text=plan.budget_text, reading=plan.budget_reading)
+        config = config.with_updates(vram_budget=budget)
     return Setup(
         config=config,
         device=device,
@@ -208,6 +217,46 @@ def prepare(
         parallelism=parallelism,
         host_tuning=host_tuning,
     )
+
+
+def _planned_as_tuned(
+    config: TrainConfig,
+    device: torch.device,
+    budget: Budget | Callable[[int], Budget] | None,
+    planned: Callable[
+        [Budget | Callable[[int], Budget] | None, TrainConfig, Callable[[int], int] | None], Plan
+    ],
+) -> tuple[Plan, HostTuning | None]:
+    """The plan for ``budget`` made in the process tuned as the run will train (NOTE [Tuning
+    the host process]), and what was set.
+
+    malloc's setting does not depend on the step, so it is made first; the thread count
+    does, and the planner chooses it once the plain step is measured, before it times the
+    real model at it (NOTE [Threads chosen from the plain step]): one planning. A compiled
+    search times compiled steps outside that planning, so it is sized by a plan without a
+    limit first, as before.
+    """
+    previous = torch.get_num_threads()
+    forced = config.use_gradient_checkpointing is True
+    if config.compile and isinstance(budget, Budget):
+        sizing_config = config.with_updates(use_gradient_checkpointing=None) if forced else config
+        unplanned_bytes = planned(None, sizing_config, None).unplanned_peak_bytes
+        host_tuning = tune_process(config, device, unplanned_bytes)
+    else:
+        keep_freed_memory()
+        host_tuning = None
+    try:
+        plan = planned(
+            budget,
+            config,
+            lambda step_bytes: choose_threads(config, step_bytes, default=previous)[0],
+        )
+    except BaseException:
+        torch.set_num_threads(previous)  # no run follows to put the threads back
+        raise
+    if host_tuning is None:
+        host_tuning = tune_process(config, device, plan.unplanned_peak_bytes)
+    return plan, host_tuning
 
 
 def _model_config(

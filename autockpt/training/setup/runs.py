@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 import tft.errors as tft_errors
+from autockpt import Budget
 from autockpt.errors import DataError, RunError
 from autockpt.training.host.distributed import SINGLE_PROCESS, World, resolve_parallelism
 from autockpt.training.options.config import TrainConfig, load_train_config
@@ -302,16 +303,24 @@ def check_compatible(
 # ---------------------------------------------------------------------------- starting and resuming
 
 
-def start_run(config: TrainConfig, *, world: World = SINGLE_PROCESS) -> tuple[Setup, RunFolder]:
+def start_run(
+    config: TrainConfig,
+    *,
+    world: World = SINGLE_PROCESS,
+    budget_of_plain: Callable[[int], Budget] | None = None,
+) -> tuple[Setup, RunFolder]:
     """Prepare a new run and create its folder (only once everything checked out).
 
     With several ranks every rank checks the folder, rank 0 alone creates and writes it.
+    ``budget_of_plain``: where the config gives no budget, the budget as a function of the
+    plain step's bytes (NOTE [A budget decided from the plain step]); the run's saved config
+    holds what it decided.
     """
     out = config.out or default_run_dir(config)
     RunFolder.check_new(out)
     # Planning is collective (rank 0 sends the plan), so no rank creates the folder before
     # every rank has checked it.
-    setup = prepare(config, world=world, tune_host=True)
+    setup = prepare(config, world=world, tune_host=True, budget_of_plain=budget_of_plain)
     if not world.is_main:
         return setup, RunFolder(out)
     run = RunFolder.create(out)
