@@ -1316,6 +1316,15 @@ MUTATIONS = (
         ("tests/planner/test_loss_chunks.py",),
     ),
     Mutation(
+        "malloc-trims-past-2-gib",
+        "the trainer turns malloc's trimming off with the largest int as its threshold, so a "
+        "step that frees more than 2 GiB gives its pages back and faults them in again",
+        "autockpt/training/host/host_tuning.py",
+        "            (_M_TRIM_THRESHOLD, _NEVER_TRIM),\n",
+        "            (_M_TRIM_THRESHOLD, 2**31 - 1),\n",
+        ("tests/training/test_host_tuning.py",),
+    ),
+    Mutation(
         "threads-timed-at-the-processs-count",
         "the planner times the real model at the threads the process had when planning began, "
         "not at the count chosen from the plain step, which training runs with",
