@@ -210,7 +210,8 @@ def plan(
         for _ in range(REPLANNING.max_rounds):
             result = _plan_round(model, example_inputs, step_budget, share, request)
             if request.budget_of_plain is not None:  # decided now, for every later round
-                read, step_budget = _as_decided(result, step_budget)
+                read = result.budget
+                step_budget = step_budget.decided(read)
                 request = dataclasses.replace(request, budget_of_plain=None)
             if not verify or use_gradient_checkpointing is not None:
                 return result.model_copy(update={"notes": [*notes, *result.notes]})
@@ -255,12 +256,6 @@ def _rank_share(model: torch.nn.Module, request: PlanRequest) -> RankShare:
         world_size=request.world_size,
         parallelism=request.parallelism,
     )
-
-
-def _as_decided(result: Plan, budget: StepBudget) -> tuple[Budget, StepBudget]:
-    """The budget ``result`` was planned for, where it was decided from the plain step."""
-    read = Budget(bytes=result.budget_bytes, text=result.budget_text, reading=result.budget_reading)
-    return read, budget.decided(read)
 
 
 def _progress_reporter(progress: bool | ProgressReporter | None) -> ProgressReporter | None:

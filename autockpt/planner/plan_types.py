@@ -38,6 +38,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from autockpt.planner.core.decisions import Parallelism
+from autockpt.planner.core.units import Budget
 
 Strategy = Literal["auto", "checkpoint-all", "checkpoint-none"]
 Tracing = Literal["fx", "forward-hooks"]
@@ -220,6 +221,11 @@ class Plan(BaseModel):
     """None: the step runs eager. A number: :func:`autockpt.apply` compiles the planned module
     with inductor at this ``activation_memory_budget``, and the peak, the step time and the
     unplanned figures are those of compiled steps measured for real (NOTE [Compiled plans])."""
+
+    @property
+    def budget(self) -> Budget:
+        """The budget planned for, as read (a budget decided from the plain step included)."""
+        return Budget(bytes=self.budget_bytes, text=self.budget_text, reading=self.budget_reading)
 
     @property
     def num_recomputed(self) -> int:

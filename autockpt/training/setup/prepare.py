@@ -197,7 +197,7 @@ def prepare(
     else:
         plan = planned(asked, config)
     if budget_of_plain is not None:
-        budget = Budget(bytes=plan.budget_bytes, text=plan.budget_text, reading=plan.budget_reading)
+        budget = plan.budget
         config = config.with_updates(vram_budget=budget)
     return Setup(
         config=config,
