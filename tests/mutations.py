@@ -493,7 +493,7 @@ MUTATIONS = (
         "compiled, a chunked segment's chunks share the step's graph, so inductor rebuilds "
         "every chunk before the gradients need them",
         "autockpt/planner/runtime/segment_runners.py",
-        "            pieces.append(graph_of_its_own(self._checkpointed, *chunk_inputs))",
+        "            pieces.append(self._graph_of_its_own(self._checkpointed, *chunk_inputs))",
         "            pieces.append(self._checkpointed(*chunk_inputs))",
         ("tests/planner/test_compile.py",),
     ),
@@ -552,8 +552,8 @@ MUTATIONS = (
         "python-state-unseen",
         "a call that writes to a cache or list it is given may be recomputed",
         "autockpt/planner/trace/module_chain.py",
-        "            if not call.keep_reason and state_of(value) != before:",
-        "            if False:",
+        "            if call.keep_reason or call.state_note or state_of(value) == before:",
+        "            if True:",
         ("tests/planner/trace/test_python_state.py",),
     ),
     Mutation(
@@ -630,8 +630,8 @@ MUTATIONS = (
         "tft-imports-autockpt",
         "tft's splits raise the application's error again (tft loads the planner)",
         "tft/data/splits.py",
-        "from tft.errors import DataError",
-        "from autockpt.errors import DataError",
+        "from tft.errors import ConfigError, DataError",
+        "from tft.errors import ConfigError\nfrom autockpt.errors import DataError",
         ("tests/test_layout.py",),
     ),
     Mutation(
@@ -1015,6 +1015,24 @@ MUTATIONS = (
         ("tests/tft/test_data_patterns.py",),
     ),
     Mutation(
+        "distinct-times-held-in-memory",
+        "a build holds every distinct time in memory until the pass ends, so its memory grows "
+        "with the rows (8 bytes a time)",
+        "tft/data/streamed/distinct_times.py",
+        "        if self._held_times >= self.block_times:\n",
+        "        if self._held_times < 0:\n",
+        ("tests/tft/test_distinct_times.py",),
+    ),
+    Mutation(
+        "merged-blocks-cut-at-the-larger-last-time",
+        "two runs' blocks are merged up to the larger of their last times, so a time of the "
+        "next block can come before one already written",
+        "tft/data/streamed/distinct_times.py",
+        "                limit = min(a[-1], b[-1])\n",
+        "                limit = max(a[-1], b[-1])\n",
+        ("tests/tft/test_distinct_times.py",),
+    ),
+    Mutation(
         "segment-runners-share-their-code",
         "every segment runner runs one class's code, so dynamo counts each segment's compile as "
         "a recompile of the same code and runs the segments past the eighth eagerly",
@@ -1082,7 +1100,7 @@ MUTATIONS = (
         "folder-cache-kept-after-a-file-added",
         "a streamed folder's row cache is reused after a new day's file is added, so the run "
         "trains without it",
-        "tft/data/streamed/row_cache.py",
+        "tft/data/streamed/cache_meta.py",
         "                size_bytes=sum(part.size_bytes for part in parts),\n"
         "                mtime_ns=max(part.mtime_ns for part in parts),\n"
         "                parts=parts,\n",
@@ -1236,7 +1254,7 @@ MUTATIONS = (
         "split-flag-not-passed-to-the-data",
         "--split is shown but the data is still cut 70/15/15",
         "autockpt/training/setup/prepare.py",
-        "            split_fractions=config.split,\n",
+        "            split=config.split,\n",
         "",
         ("tests/cli/test_first_hour.py",),
     ),

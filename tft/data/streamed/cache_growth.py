@@ -25,8 +25,6 @@ anything is.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,14 +32,11 @@ import numpy as np
 
 from tft.data.columns import _read_schema
 from tft.data.normalize import Normalizer
+from tft.data.streamed.build_folder import building_beside, put_in_place
 from tft.data.streamed.build_progress import BuildProgress, rows_line
-from tft.data.streamed.cache_meta import META_FILE, RowCacheMeta, SourceFile
-from tft.data.streamed.file_scan import (
-    RowWalker,
-    hand_back_freed_memory,
-    merged_times,
-    read_chunks,
-)
+from tft.data.streamed.cache_meta import DISTINCT_TIMES_FILE, META_FILE, RowCacheMeta, SourceFile
+from tft.data.streamed.distinct_times import DistinctTimes, merge_time_files
+from tft.data.streamed.file_scan import RowWalker, read_chunks
 from tft.data.streamed.read_order import ReadOrder, read_order
 from tft.data.streamed.row_writer import ROLE_FILES, RoleFiles, encode_rows
 from tft.data.warmup import RunningWarmup, real_inputs
@@ -86,27 +81,17 @@ def grow_cache(
         or not counts.all()
     ):
         return None
-    partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
     try:
-        grown = _grown(path, folder, partial, meta, normalizer, added, floor_ns, reading)
-        if grown is None:
-            shutil.rmtree(partial, ignore_errors=True)
-            return None
-        grown = grown.model_copy(update={"source": source})
-        (partial / META_FILE).write_text(grown.model_dump_json(indent=1), encoding="utf-8")
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(partial, folder)
+        with building_beside(folder) as partial:
+            grown = _grown(path, folder, partial, meta, normalizer, added, floor_ns, reading)
+            if grown is None:
+                return None
+            grown = grown.model_copy(update={"source": source})
+            (partial / META_FILE).write_text(grown.model_dump_json(indent=1), encoding="utf-8")
+            put_in_place(partial, folder)
     except DataError:
         # What is wrong is for the build to say, in the words it says it in.
-        shutil.rmtree(partial, ignore_errors=True)
         return None
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    finally:
-        hand_back_freed_memory()
     new_rows = grown.num_rows - meta.num_rows
     return grown, (
         f"reused the encoded rows of its {len(before):,} files and encoded the {new_rows:,} "
@@ -141,7 +126,10 @@ def _grown(
     chunk_rows, progress = reading
     roles = normalizer.roles
     order = read_order(path, roles, roles.symbol, chunk_rows, progress, files=list(added))
-    new_counts, new_times = _count_new_rows(path, order, normalizer, meta, chunk_rows, progress)
+    new_file = partial / "new_times.bin"
+    new_counts, new_times = _count_new_rows(
+        path, order, normalizer, meta, new_file, (chunk_rows, progress)
+    )
     if len(new_times) == 0 or new_times[0] < floor_ns:
         return None
     bounds = np.asarray(meta.symbol_bounds, dtype=np.int64)
@@ -160,9 +148,10 @@ def _grown(
         files.close()
     if not _statics_kept(partial, meta, bounds, grown_bounds):
         return None
-    old_times = np.fromfile(folder / "distinct_times.bin", dtype=np.int64)
-    distinct = merged_times([old_times, new_times])
-    distinct.astype(np.int64).tofile(partial / "distinct_times.bin")
+    distinct = merge_time_files(
+        folder / DISTINCT_TIMES_FILE, new_file, partial / DISTINCT_TIMES_FILE
+    )
+    new_file.unlink()
     fitted_here = floor_ns != NO_FLOOR  # a run's own fit by dates keeps describing the cache
     return meta.model_copy(
         update={
@@ -171,7 +160,7 @@ def _grown(
             "unknown_rows": {
                 name: meta.unknown_rows.get(name, 0) + n for name, n in unknown.items()
             },
-            "distinct_times": len(distinct),
+            "distinct_times": distinct,
             "last_bars": {
                 symbol: walker.carry[code][:2] for code, symbol in enumerate(normalizer.symbols)
             },
@@ -187,19 +176,21 @@ def _count_new_rows(
     order: ReadOrder,
     normalizer: Normalizer,
     meta: RowCacheMeta,
-    chunk_rows: int,
-    progress: BuildProgress | None,
+    times_file: Path,
+    reading: tuple[int, BuildProgress | None],
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Each symbol's kept rows in the new files, and their sorted distinct times."""
+    """Each symbol's kept rows in the new files, and their sorted distinct times, written to
+    ``times_file`` (NOTE [Distinct times on disk])."""
+    chunk_rows, progress = reading
     walker = _walker(path, normalizer, meta)
     counts = np.zeros(len(normalizer.symbols), dtype=np.int64)
-    times = [np.empty(0, dtype=np.int64)]
+    times = DistinctTimes(times_file.parent)
     read = rows_line(progress, "counting the new files' rows")
     for chunk in read_chunks(order, walker.columns(), chunk_rows, read):
         rows = walker.rows(chunk)
         counts += np.bincount(rows.symbol_index, minlength=len(counts))
-        times.append(np.unique(rows.time_ns))
-    return counts, merged_times(times)
+        times.add(rows.time_ns)
+    return counts, times.finish(times_file)
 
 
 def _statics_kept(

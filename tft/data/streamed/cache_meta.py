@@ -9,10 +9,19 @@ from pydantic import BaseModel, ConfigDict
 
 from tft.data.sources.parquet_folder import folder_files, many_files
 
-__all__ = ["META_FILE", "META_VERSION", "RowCacheMeta", "SourceFile", "read_meta"]
+__all__ = [
+    "DISTINCT_TIMES_FILE",
+    "META_FILE",
+    "META_VERSION",
+    "RowCacheMeta",
+    "SourceFile",
+    "read_meta",
+]
 
 META_VERSION = 1
 META_FILE = "rows.json"
+#: The sorted distinct times of the rows, int64 ns (NOTE [Distinct times on disk]).
+DISTINCT_TIMES_FILE = "distinct_times.bin"
 
 
 class SourceFile(BaseModel):

@@ -42,6 +42,7 @@ from tft.data.normalize import _transform_target
 from tft.data.role_inference import symbol_hint
 from tft.data.sources.parquet_folder import file_batches, footer
 from tft.data.streamed.build_progress import BuildProgress, RowsRead, build_pass
+from tft.data.streamed.distinct_times import DistinctTimes
 from tft.data.streamed.read_order import ReadOrder, read_order
 from tft.data.timestamps import read_times
 from tft.data.warmup import RunningWarmup, real_inputs
@@ -51,7 +52,6 @@ __all__ = [
     "ChunkRows",
     "FileLayout",
     "RowWalker",
-    "merged_times",
     "read_chunks",
     "scan_layout",
 ]
@@ -268,7 +268,7 @@ class FileLayout:
     """Resolved against the file (every role listed)."""
     symbols: list[str]
     kept_per_symbol: np.ndarray  # (S,) int64 kept rows of each symbol, in symbol order
-    distinct_times: np.ndarray  # sorted int64 ns of the kept rows
+    distinct_times: np.ndarray  # sorted int64 ns of the kept rows, mapped from their file
     num_file_rows: int
     warmup_counts: dict[str, int]  # the warm-up rows of each real input that has any
     order: ReadOrder
@@ -282,12 +282,15 @@ def scan_layout(
     known_symbols: list[str] | None,
     chunk_rows: int,
     candidate_columns: list[str],
+    times_file: Path,
     progress: BuildProgress | None = None,
 ) -> FileLayout:
     """The first pass: row order and target checks, symbols, counts, times and constancy.
 
     ``candidate_columns`` are the columns read; those that are not real numbers are checked
-    for being constant within a symbol (what roles resolution asks of static columns).
+    for being constant within a symbol (what roles resolution asks of static columns). The
+    sorted distinct times are written to ``times_file``, its folder the scratch space of their
+    merges (NOTE [Distinct times on disk]).
     """
     symbol = _grouping_symbol(schema, roles)
     if symbol is not None and symbol not in schema.names:
@@ -308,8 +311,7 @@ def scan_layout(
     varying: set[str] = set()
     first_value: dict[str, dict[str, str]] = {name: {} for name in textual}
     kept: dict[str, int] = {}
-    times: list[np.ndarray] = []
-    merged = np.empty(0, dtype=np.int64)
+    times = DistinctTimes(times_file.parent)
     num_rows = 0
     read = build_pass(progress, 1, "the symbols, times and checks")
     for chunk in read_chunks(order, [*walker.columns(), *textual], chunk_rows, read):
@@ -320,20 +322,14 @@ def scan_layout(
         counts = np.bincount(rows.symbol_index, minlength=len(walker.symbols))
         for code in np.flatnonzero(counts).tolist():
             kept[names[code]] = kept.get(names[code], 0) + int(counts[code])
-        times.append(np.unique(rows.time_ns))
-        # Merged once the chunks' times reach a quarter of those merged: a file written a
-        # symbol at a time has as many distinct times a chunk as rows, and 64 chunks of them
-        # held at once came to 1.75 GiB at 60M bars.
-        if sum(len(chunk_times) for chunk_times in times) >= max(len(merged) // 4, chunk_rows):
-            merged = merged_times([merged, *times])
-            times = []
+        times.add(rows.time_ns)
         all_codes = _all_codes(walker, table)
         for name in textual:
             if name not in varying and not _constant_in_chunk(
                 category_text(table, name), all_codes, names, first_value[name]
             ):
                 varying.add(name)
-    merged = merged_times([merged, *times])
+    distinct_times = times.finish(times_file)
     never = walker.warmup.never_seen()
     if never is not None:  # refused as the in-memory finite check refuses it
         _check_finite(path, never, np.array([np.nan]), np.zeros(1, dtype=np.int64))
@@ -349,22 +345,11 @@ def scan_layout(
         roles=resolved,
         symbols=symbols,
         kept_per_symbol=np.asarray([kept.get(s, 0) for s in symbols], dtype=np.int64),
-        distinct_times=merged,
+        distinct_times=distinct_times,
         num_file_rows=num_rows,
         warmup_counts=walker.warmup.warmup_counts(),
         order=order,
     )
-
-
-def merged_times(runs: list[np.ndarray]) -> np.ndarray:
-    """The distinct values of sorted arrays, sorted. A stable sort finds the sorted runs and
-    merges them (linear in their length a run), where a sort of their concatenation from
-    scratch took minutes over 60M bars."""
-    every = np.concatenate(runs)
-    every.sort(kind="stable")
-    if len(every) == 0:
-        return every
-    return every[np.concatenate([[True], every[1:] != every[:-1]])]
 
 
 def _all_codes(walker: RowWalker, table: pa.Table) -> np.ndarray:

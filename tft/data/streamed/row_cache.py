@@ -56,21 +56,19 @@ from tft.data.role_inference import infer_roles
 from tft.data.row_files import RowFiles
 from tft.data.rows import Rows
 from tft.data.splits import cut_points
+from tft.data.streamed.build_folder import building_beside, put_in_place
 from tft.data.streamed.build_progress import BuildProgress
 from tft.data.streamed.cache_growth import NO_FLOOR, grow_cache
 from tft.data.streamed.cache_meta import (
+    DISTINCT_TIMES_FILE,
     META_FILE,
     META_VERSION,
     RowCacheMeta,
     SourceFile,
     read_meta,
 )
-from tft.data.streamed.file_scan import (
-    FileLayout,
-    RowWalker,
-    hand_back_freed_memory,
-    scan_layout,
-)
+from tft.data.streamed.distinct_times import read_time_file
+from tft.data.streamed.file_scan import FileLayout, RowWalker, scan_layout
 from tft.data.streamed.fitted_scales import fit_statistics
 from tft.data.streamed.row_writer import ROLE_FILES, RoleFiles, encode_rows, role_widths
 from tft.data.warmup import RunningWarmup, real_inputs
@@ -215,13 +213,7 @@ def cached_rows(
             meta, use = _build(path, folder, source, roles, normalizer, split, reading), "built"
     rows = _open(folder, meta)
     # Mapped, not read: one symbol's minute bars have as many distinct times as rows.
-    distinct_file = folder / "distinct_times.bin"
-    distinct = (
-        np.memmap(distinct_file, dtype=np.int64, mode="r")
-        if distinct_file.stat().st_size
-        else np.empty(0, dtype=np.int64)
-    )
-    return CachedRows(rows, meta, distinct, use)
+    return CachedRows(rows, meta, read_time_file(folder / DISTINCT_TIMES_FILE), use)
 
 
 def _open(folder: Path, meta: RowCacheMeta) -> Rows:
@@ -273,23 +265,29 @@ def _build(
         or (name not in asked.ignore and _usable(schema.field(name).type))
     ]
     known_symbols = normalizer.symbols if normalizer else None
-    layout = scan_layout(path, schema, asked, known_symbols, chunk_rows, candidates, progress)
-    if normalizer is not None and layout.roles != normalizer.roles:
-        raise _error(path, _roles_difference(layout.roles, normalizer.roles))
-    if normalizer is None:
-        cuts = cut_points(path, layout.distinct_times, *split)
-        fitted = fit_statistics(path, layout, cuts, chunk_rows, progress)
-        normalizer = Normalizer(
-            roles=layout.roles,
-            symbols=layout.symbols,
-            target=fitted.target,
-            reals=fitted.reals,
-            categories=fitted.categories,
+    with building_beside(folder) as partial:
+        layout = scan_layout(
+            path,
+            schema,
+            asked,
+            known_symbols,
+            chunk_rows,
+            candidates,
+            partial / DISTINCT_TIMES_FILE,
+            progress,
         )
-    partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    try:
+        if normalizer is not None and layout.roles != normalizer.roles:
+            raise _error(path, _roles_difference(layout.roles, normalizer.roles))
+        if normalizer is None:
+            cuts = cut_points(path, layout.distinct_times, *split)
+            fitted = fit_statistics(path, layout, cuts, chunk_rows, progress)
+            normalizer = Normalizer(
+                roles=layout.roles,
+                symbols=layout.symbols,
+                target=fitted.target,
+                reals=fitted.reals,
+                categories=fitted.categories,
+            )
         meta = _write_rows(path, partial, source, layout, normalizer, reading)
         meta = meta.model_copy(
             update={
@@ -298,15 +296,8 @@ def _build(
                 "fitted_on_times_ns": None if given_normalizer else _fitted_on(split)[1],
             }
         )
-        layout.distinct_times.astype(np.int64).tofile(partial / "distinct_times.bin")
         (partial / META_FILE).write_text(meta.model_dump_json(indent=1), encoding="utf-8")
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(partial, folder)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    finally:
-        hand_back_freed_memory()
+        put_in_place(partial, folder)
     return meta
 
 
