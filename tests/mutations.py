@@ -1033,6 +1033,24 @@ MUTATIONS = (
         ("tests/tft/test_distinct_times.py",),
     ),
     Mutation(
+        "planning-peak-leaves-out-whole-batch-runs",
+        "the planning peak a plan reports leaves out the plans timed at the whole batch, the "
+        "largest real steps planning ran",
+        "autockpt/planner/pipeline.py",
+        "            peak, room.step_bytes, room.optimizer_bytes, costs.stopwatch.whole_batch_peak_bytes\n",
+        "            peak, room.step_bytes, room.optimizer_bytes\n",
+        ("tests/planner/solve/test_whole_plan_timing.py",),
+    ),
+    Mutation(
+        "whole-batch-plans-timed-on-the-samples-timed",
+        "a plan to be timed at the whole batch runs on the few samples the plain step is timed "
+        "at, so its time stands for a fraction of the batch",
+        "autockpt/planner/solve/whole_plan_timing.py",
+        "        if samples > watch.batch_size:  # the caller's whole batch, as training runs it\n",
+        "        if False:\n",
+        ("tests/planner/solve/test_whole_plan_timing.py",),
+    ),
+    Mutation(
         "segment-runners-share-their-code",
         "every segment runner runs one class's code, so dynamo counts each segment's compile as "
         "a recompile of the same code and runs the segments past the eighth eagerly",

@@ -47,7 +47,8 @@ The plan reports the peak: on CUDA the caching allocator's count of tensor bytes
 planning; on the CPU, where no allocator counts, the largest of: the real steps as the planner's
 tracker counted them, the calibration's tensors beside the model and batch, and the timed runs'
 bound (the kept step's real bytes, measured exactly on fake tensors, read at the samples timed,
-and the copies the optimizer's timing makes).
+the copies the optimizer's timing makes, and a plan timed at the whole batch: its measured step
+and the runs' copies beside it, NOTE [Whole-plan timing]).
 
 In code: :func:`plan_one_process` traces (step 1), measures the kept step
 (:class:`~autockpt.planner.measure.step_measurer.StepMeasurer`, step 2), sets up the step's costs
@@ -318,8 +319,12 @@ def planning_peak_bytes(
     if isinstance(costs, MeasuredCosts) and costs.stopwatch.spent_s > 0:
         # The plain step at the samples timed (gradients through autograd.grad, as many
         # bytes as .grad), and one optimizer step over copies of parameters and their state.
+        # And a plan timed whole at the whole batch, beside the runs' copies (NOTE
+        # [Whole-plan timing]).
         room = costs.stopwatch.room
-        peak = max(peak, room.step_bytes, room.optimizer_bytes)
+        peak = max(
+            peak, room.step_bytes, room.optimizer_bytes, costs.stopwatch.whole_batch_peak_bytes
+        )
     return peak
 
 

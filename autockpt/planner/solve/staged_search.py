@@ -156,9 +156,10 @@ class StagedSearch:
                     break
                 # The sums say stop; the plan timed whole must agree (NOTE [Whole-plan timing]).
                 runner = StepRunner(self.timed_costs.stopwatch)
-                if not runner.can_run(found[0]):
-                    break  # too few samples timed to run it whole: the sums stand
-                stage_timed = fastest_of([found], runner, plain_s)
+                whole = not runner.can_run(found[0])
+                if whole and not runner.fits_whole(found[1], self.usable_bytes):
+                    break  # neither on the samples timed nor at the whole batch: the sums stand
+                stage_timed = fastest_of([found], runner, plain_s, at_whole_batch=whole)
                 if stage_timed.extra_s <= WIDEN_PAST_SHARE * plain_s:
                     break
         return found, stage_timed
@@ -170,12 +171,25 @@ class StagedSearch:
         seconds it added (``None`` where only one plan fits and it was not timed)."""
         runner = StepRunner(costs.stopwatch)
         timed = stage_timed if stage_timed and stage_timed.decision == found[0] else None
+        candidates: list[Fit] = []
         if runner.can_run(found[0]):
             candidates = self.search.fitting_alternatives(
                 self.usable_bytes, found, MAX_CANDIDATES, runnable=runner.can_run
             )
-            if len(candidates) > 1:
-                timed = fastest_of(candidates, runner, costs.unplanned_step_s())
+        elif runner.fits_whole(found[1], self.usable_bytes):
+            # Timed at the whole batch, every candidate alike (NOTE [Whole-plan timing]).
+            candidates = [
+                fit
+                for fit in self.search.fitting_alternatives(
+                    self.usable_bytes, found, MAX_CANDIDATES
+                )
+                if runner.fits_whole(fit[1], self.usable_bytes)
+            ]
+        whole = not runner.can_run(found[0])
+        # At the whole batch even one plan is timed: its time is then the plan's own, where
+        # the sums stand otherwise.
+        if len(candidates) > 1 or (whole and candidates and timed is None):
+            timed = fastest_of(candidates, runner, costs.unplanned_step_s(), at_whole_batch=whole)
         if timed is None:
             return found, None
         self.notes.append(timed.note)

@@ -21,6 +21,16 @@ NOTE [Measured step time]), the final choice is made by timing:
   ``torch.autograd.grad`` (no ``.grad`` is written) and buffers are put back after each run.
   At least ``MIN_ROUNDS`` rounds, more while the rounds so far took under ``ROUNDS_S``
   seconds, at most ``MAX_ROUNDS``.
+- *At the whole batch.* Where the runs use fewer samples than the batch (NOTE [Timing at a
+  batch that fits]), a plan runs on the samples timed and half of them, its time read off the
+  line through the two, if each of its micro-batches holds a sample for each chunk there. A
+  plan that cuts finer cannot: ``tft-225`` at 25% of its peak is timed on 6 of its 32 samples,
+  and neither 8 micro-batches nor 32 chunks of its variable selection run on 3. Such a plan
+  fits the budget at the whole batch by its own measurement, so it is timed there, as training
+  will run it, where its step and what the runs hold beside it (their copy of the samples
+  timed, the regions' inputs) fit the budget's usable bytes; every candidate then runs at the
+  whole batch and the plain step on its line. The sums of options had put those 32 chunks at
+  1.05x the plain step and 8 micro-batches at 1.10x; the trainer measured 1.47x and 1.23x.
 - *Choice.* The candidate with the lowest fastest time (of its rounds); its predicted extra
   time is that less the plain step's fastest, from the same rounds. The fastest, not the
   median: a plan's run right after another's can pay for what that one left, which a training
@@ -42,6 +52,7 @@ from dataclasses import dataclass
 import torch
 
 from autockpt.planner.core.batch_split import split_batch
+from autockpt.planner.measure.scaled_step import real_step_bytes
 from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.runtime.segment_runners import build_segmented_module
 from autockpt.planner.solve.chain_decoding import Decision
@@ -91,6 +102,20 @@ class StepRunner:
             return (watch.batch_size,)
         return (watch.batch_size, watch.room.lower_samples)
 
+    def fits_whole(self, profile: StepProfile, usable_bytes: int) -> bool:
+        """Whether a plan measured as ``profile`` may run at the whole batch where the runs
+        use fewer samples: its real step and what the runs hold beside it fit
+        ``usable_bytes``."""
+        watch = self.stopwatch
+        return (
+            watch.batch_size < watch.whole_batch_size and self.whole_bytes(profile) <= usable_bytes
+        )
+
+    def whole_bytes(self, profile: StepProfile) -> int:
+        """The most real bytes a run at the whole batch of the plan measured as ``profile``
+        holds: its step (the caller's model and batch included) and the runs' own copies."""
+        return real_step_bytes(profile) + self.stopwatch.held_bytes()
+
     def seconds(self, decision: Decision | None, samples: int | None = None) -> Callable[[], float]:
         """A function timing one forward, loss and backward of ``decision`` (``None``: the
         plain step) on the real model, on the leading ``samples`` the runs use (default: all
@@ -101,8 +126,12 @@ class StepRunner:
             module = build_segmented_module(module, decision.segments, decision.actions)
         pieces = decision.num_micro_batches if decision is not None else 1
         samples = samples or watch.batch_size
-        inputs = split_batch(watch.leading(watch.inputs, samples), pieces, batch_size=samples)
-        targets = split_batch(watch.leading(watch.targets, samples), pieces, batch_size=samples)
+        if samples > watch.batch_size:  # the caller's whole batch, as training runs it
+            inputs = split_batch(watch.whole_inputs, pieces, batch_size=samples)
+            targets = split_batch(watch.whole_targets, pieces, batch_size=samples)
+        else:
+            inputs = split_batch(watch.leading(watch.inputs, samples), pieces, batch_size=samples)
+            targets = split_batch(watch.leading(watch.targets, samples), pieces, batch_size=samples)
 
         def run() -> float:
             started = time.perf_counter()
@@ -118,12 +147,11 @@ class StepRunner:
 
         return run
 
-    def whole_batch_s(self, fastest: Sequence[float]) -> float:
-        """A plan's seconds at the whole batch, from its fastest run at each of
-        :meth:`sample_counts`."""
-        counts = self.sample_counts()
+    def whole_batch_s(self, counts: Sequence[int], fastest: Sequence[float]) -> float:
+        """A plan's seconds at the whole batch, from its fastest run at each of ``counts``
+        (:meth:`counts_for`)."""
         if len(counts) == 1:
-            return fastest[0]
+            return fastest[0] * self.stopwatch.whole_batch_size / counts[0]
         (high, low), (high_s, low_s) = counts, fastest
         return on_line(low_s, low, high_s, high, self.stopwatch.whole_batch_size)
 
@@ -146,7 +174,11 @@ def times_in_rounds(
 
 
 def fastest_of(
-    candidates: Sequence[tuple[Decision, StepProfile]], runner: StepRunner, plain_s: float
+    candidates: Sequence[tuple[Decision, StepProfile]],
+    runner: StepRunner,
+    plain_s: float,
+    *,
+    at_whole_batch: bool = False,
 ) -> TimedChoice:
     """Time the plain step and every candidate in rounds; the fastest (NOTE [Whole-plan timing]).
 
@@ -156,22 +188,36 @@ def fastest_of(
         runner: runs steps on the real model.
         plain_s: the plain step's time as the planner knows it (with the optimizer), to print
             each candidate's ratio against.
+        at_whole_batch: run the candidates at the whole batch (each must
+            :meth:`~StepRunner.fits_whole`), the plain step still on the samples timed.
     """
+    watch = runner.stopwatch
     plans = [None, *(d for d, _ in candidates)]
-    counts = runner.sample_counts()
-    runs = [runner.seconds(d, n) for d in plans for n in counts]
+    candidate_counts = (watch.whole_batch_size,) if at_whole_batch else runner.sample_counts()
+    counts = [runner.sample_counts(), *[candidate_counts] * len(candidates)]
+    runs = [
+        runner.seconds(d, n)
+        for d, plan_counts in zip(plans, counts, strict=True)
+        for n in plan_counts
+    ]
+    if at_whole_batch:
+        # NOTE [Planning's own peak]: these runs hold the plans' steps at the whole batch.
+        watch.whole_batch_peak_bytes = max(
+            [watch.whole_batch_peak_bytes, *(runner.whole_bytes(p) for _, p in candidates)]
+        )
 
     def isolated(run: Callable[[], float]) -> float:
-        with runner.stopwatch.isolated():
+        with watch.isolated():
             return run()
 
     times = times_in_rounds(
         [functools.partial(isolated, run) for run in runs], MIN_ROUNDS, MAX_ROUNDS, ROUNDS_S
     )
     rounds = len(times[0])
-    fastest = [min(t) for t in times]
+    fastest = iter([min(t) for t in times])
     at_whole = [
-        runner.whole_batch_s(fastest[i : i + len(counts)]) for i in range(0, len(runs), len(counts))
+        runner.whole_batch_s(plan_counts, [next(fastest) for _ in plan_counts])
+        for plan_counts in counts
     ]
     plain, each = at_whole[0], at_whole[1:]
     best = min(range(len(each)), key=lambda i: each[i])
@@ -181,11 +227,17 @@ def fastest_of(
         f"{_describe(d)} {1.0 + (t - plain) / reference:.2f}x"
         for (d, _), t in zip(candidates, each, strict=True)
     )
+    where = (
+        f" at the whole batch ({watch.whole_batch_size} samples; the plain step's time read "
+        f"off its line through {' and '.join(map(str, counts[0]))} samples)"
+        if at_whole_batch
+        else ""
+    )
     note = (
-        f"timed {len(candidates)} plans that fit whole against the plain step "
+        f"timed {len(candidates)} plans that fit whole{where} against the plain step "
         f"({rounds} rounds): {described}; took the fastest"
         if len(candidates) > 1
-        else f"timed the plan whole against the plain step ({rounds} rounds): {described}"
+        else f"timed the plan whole{where} against the plain step ({rounds} rounds): {described}"
     )
     return TimedChoice(decision, profile, each[best] - plain, note)
 

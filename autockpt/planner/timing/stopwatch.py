@@ -168,6 +168,11 @@ class Stopwatch:
         self.batch_size = max(min(self.room.samples, self.whole_batch_size), 1)
         self.inputs = self._leading(list(example_inputs))
         self.targets = self._leading(list(example_targets))
+        #: The caller's whole batch, for plans timed whole at it (NOTE [Whole-plan timing]).
+        self.whole_inputs, self.whole_targets = list(example_inputs), list(example_targets)
+        #: The most real bytes a plan timed at the whole batch held, with what the runs hold
+        #: beside it (:meth:`held_bytes`); 0 where none was.
+        self.whole_batch_peak_bytes = 0
         self.loss_fn = loss_fn or default_loss
         self.optimizer = optimizer
         module = traced.graph_module
@@ -387,6 +392,20 @@ class Stopwatch:
                     allow_unused=True,
                 )
             return time.perf_counter() - started
+
+    def held_bytes(self) -> int:
+        """Bytes the runs hold between steps, on top of the caller's model and batch: their
+        copy of the samples timed and the regions' inputs kept from the plain step (each
+        storage counted once)."""
+        values: list[Any] = [c.value for kept in self._region_inputs.values() for c in kept]
+        if self.batch_size < self.whole_batch_size:
+            values += [self.inputs, self.targets]
+        storages = {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in flat_tensors(values)
+            if t.device.type != "meta"
+        }
+        return sum(storages.values())
 
     @contextlib.contextmanager
     def isolated(self) -> Iterator[None]:

@@ -27,9 +27,9 @@ within, NOTE [Scaled real measurement]):
   plain step came out as eight one-sample steps, so eight micro-batches cost nothing by the sums
   and were chosen. A whole plan timed side by side with the plain step (NOTE [Whole-plan
   timing]) runs at ``b`` and at ``b // 2`` samples, each plan's time read off its own line at
-  ``B``. A plan whose micro-batches and chunks need more than ``b // 2`` samples is not timed
-  whole; the solver's sums stand for it. Fewer than ``MIN_TIMED_SAMPLES`` samples give no line:
-  nothing is timed.
+  ``B``. A plan whose micro-batches and chunks need more than ``b // 2`` samples is timed at the
+  whole batch instead, where its own step fits (NOTE [Whole-plan timing]); else the solver's sums
+  stand for it. Fewer than ``MIN_TIMED_SAMPLES`` samples give no line: nothing is timed.
 - *The optimizer step* is timed over copies of the leading parameters whose copies, gradients
   and state fit the same room beside the parameters and the batch, its seconds scaled by bytes.
 - *Where not even one sample fits*, nothing is timed: the estimates of NOTE [Time model] stand,

@@ -7,11 +7,13 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 import autockpt
 from autockpt.planner.solve.chain_decoding import Decision
 from autockpt.planner.solve.whole_plan_timing import MAX_CANDIDATES, StepRunner
-from tests.oracle import measured_step
+from tests.helpers import MLPStack
+from tests.oracle import LiveBytes, measured_step, starting_tensors
 from tests.planner.fake_times import mlp_with_fake_times
 
 
@@ -101,3 +103,53 @@ def test_a_plan_is_judged_by_its_fastest_round_not_by_runs_after_other_plans(mon
     assert [s.recomputed for s in plan.segments] == [a.recompute for a in chosen.actions]
     assert [s.num_chunks for s in plan.segments] == [a.num_chunks for a in chosen.actions]
     assert plan.predicted_extra_s == pytest.approx(0.2)
+
+
+def test_a_plan_cut_finer_than_the_samples_timed_runs_at_the_whole_batch_within_the_budget(
+    monkeypatch,
+):
+    """NOTE [Whole-plan timing], at the whole batch: the runs use 5 of 32 samples, too few for
+    a plan's micro-batches and chunks, so the plans run at the whole batch as training runs
+    them, the plain step on its line, and planning still holds the budget by a count that shares
+    no code with the planner's."""
+    torch.manual_seed(0)
+    model, inputs = MLPStack(32, 6, 0.0), (torch.randn(32, 256, 32),)
+    unplanned = autockpt.plan(model, inputs, 10**12).unplanned_peak_bytes
+    budget = int(0.3 * unplanned)
+    # Whichever plan the timed sums pick, it is taken as too fine for the samples timed.
+    monkeypatch.setattr(StepRunner, "can_run", lambda self, decision: False)
+    runs: list[tuple[Decision | None, int | None]] = []
+    seconds = StepRunner.seconds
+
+    def recorded(self: StepRunner, decision: Decision | None, samples: int | None = None):
+        runs.append((decision, samples))
+        return seconds(self, decision, samples)
+
+    monkeypatch.setattr(StepRunner, "seconds", recorded)
+    real_samples: list[int] = []  # the samples each real forward of the first block held
+    model.blocks[0][0].register_forward_pre_hook(  # a Linear: fx traces around it
+        lambda module, args: (
+            real_samples.append(args[0].shape[0])
+            if args[0].device.type == "cpu" and not isinstance(args[0], FakeTensor)
+            else None
+        )
+    )
+    counter = LiveBytes()
+    for tensor in starting_tensors(model, torch.optim.AdamW(model.parameters()), list(inputs)):
+        counter.hold(tensor)
+    with counter:
+        plan = autockpt.plan(model, inputs, budget)
+    note = next(n for n in plan.notes if n.startswith("timed "))
+    assert "at the whole batch (32 samples" in note, note
+    assert {samples for decision, samples in runs if decision is not None} == {32}
+    plain_counts = {samples for decision, samples in runs if decision is None}
+    assert plain_counts and max(plain_counts) < 32
+    # Each micro-batch of a plan run at the whole batch holds more samples than the runs
+    # use: the plans ran on the caller's batch, not on the samples timed.
+    assert max(real_samples) > max(plain_counts), real_samples
+    # Timed at the whole batch, a plan that only adds work is not predicted faster than the
+    # plain step's line (timed on the samples timed, it came out at a fraction of it).
+    assert plan.predicted_extra_s > -0.1 * plan.unplanned_step_s
+    assert counter.peak_bytes <= budget, f"planning held {counter.peak_bytes:,} over {budget:,}"
+    assert plan.planning_peak_bytes >= 0.97 * counter.peak_bytes
+    assert plan.fits
