@@ -1051,6 +1051,15 @@ MUTATIONS = (
         ("tests/planner/solve/test_whole_plan_timing.py",),
     ),
     Mutation(
+        "models-own-checkpoints-unsaid",
+        "a forward's own non-reentrant checkpoint calls are traced through without a word, so "
+        "the plan's plain step is silently the model without them",
+        "autockpt/planner/trace/autograd_regions.py",
+        "                    node.meta[USER_CHECKPOINT_META] = checkpoints[0]\n",
+        "                    pass\n",
+        ("tests/planner/trace/test_autograd_regions.py",),
+    ),
+    Mutation(
         "segment-runners-share-their-code",
         "every segment runner runs one class's code, so dynamo counts each segment's compile as "
         "a recompile of the same code and runs the segments past the eighth eagerly",

@@ -29,11 +29,7 @@ from autockpt.planner.core.output_structure import (
     needs_structure,
 )
 from autockpt.planner.core.train_eval import training_mode
-from autockpt.planner.trace.autograd_regions import (
-    applied_functions,
-    recording_autograd,
-    region_kinds,
-)
+from autockpt.planner.trace.autograd_regions import autograd_notes, recording_autograd
 from autockpt.planner.trace.cut_points import choose_cuts
 from autockpt.planner.trace.inplace_writes import WriteRecorder, keep_reason
 from autockpt.planner.trace.output_head import OutputHead, cut_before_head
@@ -235,22 +231,8 @@ def trace_model(
         units=spans(cuts.units),
         unit_segments=build(cuts.units),
         opaque=opaque,
-        notes=_autograd_notes(graph),
+        notes=autograd_notes(graph),
     )
-
-
-def _autograd_notes(graph: fx.Graph) -> tuple[str, ...]:
-    """What the plan says of the Functions and regions the graph keeps (NOTE [Autograd in the
-    traced graph])."""
-    notes = []
-    if functions := applied_functions(graph):
-        notes.append(
-            "custom autograd Functions kept as one call each, with their own backward: "
-            + ", ".join(functions)
-        )
-    if regions := region_kinds(graph):
-        notes.append(f"{', '.join(regions)} regions inside forward kept, never cut")
-    return tuple(notes)
 
 
 def trace_graph(

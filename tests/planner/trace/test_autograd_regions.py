@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 import autockpt
+from autockpt.planner.trace.autograd_regions import CHECKPOINT_GENERATORS, USER_CHECKPOINT_META
 from autockpt.planner.trace.fx_graph import trace_graph
 from tests.oracle import measured_step
 from tests.user_steps import GradientReversal
@@ -193,3 +195,43 @@ class _Failing(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             raise RuntimeError("fails while tracing")
+
+
+class _OwnCheckpoints(nn.Module):
+    """Checkpoints two of its three blocks itself, as torch advises (use_reentrant=False)."""
+
+    def __init__(self, reentrant: bool = False) -> None:
+        super().__init__()
+        self.reentrant = reentrant
+        self.blocks = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + checkpoint(self.blocks[0], x, use_reentrant=self.reentrant)
+        x = x + self.blocks[1](x).relu()
+        return x + checkpoint(self.blocks[2], x, use_reentrant=self.reentrant)
+
+
+def test_the_plan_says_the_models_own_checkpoints_are_traced_through() -> None:
+    """NOTE [Autograd in the traced graph]: fx runs a non-reentrant checkpoint's function as
+    plain operations, so the plain step the plan reports is the model's without them."""
+    model, x = _OwnCheckpoints(), torch.randn(256, WIDTH)
+    plan = _plan(model, x, 10**12)
+    said = [n for n in plan.notes if "torch.utils.checkpoint" in n]
+    assert len(said) == 1 and "(2 calls, use_reentrant=False)" in said[0], plan.notes
+    graph = trace_graph(model)
+    marked = [n.meta.get(USER_CHECKPOINT_META) for n in graph.nodes]
+    # Each call's own operations, and nothing between or after them.
+    targets = {
+        m: [str(n.target) for n in graph.nodes if n.meta.get(USER_CHECKPOINT_META) == m]
+        for m in (1, 2)
+    }
+    assert targets == {1: ["blocks.0"], 2: ["blocks.2"]}, targets
+    assert marked.count(None) == len(marked) - 2
+    # The reentrant kind is a Function, kept as one call: nothing to say beside that.
+    reentrant = _plan(_OwnCheckpoints(reentrant=True), x, 10**12)
+    assert not any("torch.utils.checkpoint itself" in n for n in reentrant.notes)
+    assert any("CheckpointFunction" in n for n in reentrant.notes), reentrant.notes
+    # Tracing leaves torch's checkpoint as it found it: it still checkpoints.
+    for name in CHECKPOINT_GENERATORS:
+        if name in torch.utils.checkpoint.__dict__:
+            assert torch.utils.checkpoint.__dict__[name].__module__ == "torch.utils.checkpoint"
