@@ -196,6 +196,9 @@ def row(
         "plan": what_it_does(plan),
         "source": prediction_source(plan),
         "predicted": predicted,
+        # The plain step as the plan predicts it, and the planned one: which side a miss is on.
+        "predicted_plain_ms": plan.unplanned_step_s * 1e3,
+        "predicted_planned_ms": (plan.unplanned_step_s + plan.predicted_extra_s) * 1e3,
         "measured": measured,
         "plain_ms": plain_s * 1e3,
         "planned_ms": planned_s * 1e3,
@@ -207,7 +210,8 @@ def row(
 def line(r: dict[str, Any]) -> str:
     off = abs(r["predicted"] - r["measured"]) * 100
     return (
-        f"| {r['case']} | {r['plan']} | {r['source']} | {r['predicted']:.2f}x | "
+        f"| {r['case']} | {r['plan']} | {r['source']} | {r['predicted']:.2f}x "
+        f"({r['predicted_planned_ms']:.1f} / {r['predicted_plain_ms']:.1f} ms) | "
         f"{r['measured']:.2f}x ({r['planned_ms']:.1f} / {r['plain_ms']:.1f} ms) | "
         f"{'yes' if r['within'] else 'no'} ({off:.0f} points) | {r['planning_s']:.1f} s |"
     )
@@ -227,7 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.shares = [float(x) for x in args.shares.split(",")]
     print(f"torch {torch.__version__}, load average {os.getloadavg()}")
-    print("| case | plan | prediction from | predicted | measured | within 10 points | planning |")
+    print(
+        "| case | plan | prediction from | predicted (planned / plain) | measured (planned / plain) "
+        "| within 10 points | planning |"
+    )
     print("|---|---|---|---|---|---|---|")
     if args.tft:
         with tempfile.TemporaryDirectory() as folder:

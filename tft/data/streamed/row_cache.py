@@ -198,14 +198,11 @@ def cached_rows(
     split = (split_fractions, split_starts_ns)
     reading = (chunk_rows, progress)
     use = "reused"
-    if meta is None or meta.source != source or not _same_encoding(meta, roles, normalizer, split):
+    encoded_as_asked = meta is not None and _same_encoding(meta, roles, normalizer, split)
+    if meta is None or meta.source != source or not encoded_as_asked:
         floor = _growth_floor(normalizer, split)
         grown = None
-        if (
-            meta is not None
-            and floor is not None
-            and _same_encoding(meta, roles, normalizer, split)
-        ):
+        if meta is not None and encoded_as_asked and floor is not None:
             grown = grow_cache(path, folder, meta, source, floor, reading)
         if grown is not None:
             meta, use = grown
