@@ -159,6 +159,17 @@ def tensor_bytes(value: Any) -> int:
     return sum(t.numel() * t.element_size() for t in flat_tensors(value))
 
 
+def storage_bytes(value: Any) -> int:
+    """Bytes of the storages behind the tensors in a nest of tuples, lists and dicts, each
+    storage counted once however many tensors view it (meta tensors hold none)."""
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in flat_tensors(value)
+        if t.device.type != "meta"
+    }
+    return sum(storages.values())
+
+
 def flat_tensors(value: Any) -> list[torch.Tensor]:
     """Every tensor in a nest of tuples, lists and dicts (a faster, narrower ``tree_flatten``)."""
     if isinstance(value, torch.Tensor):

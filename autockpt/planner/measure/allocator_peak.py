@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from autockpt.planner.core.memory_tracker import flat_tensors, tensors_of
+from autockpt.planner.core.memory_tracker import flat_tensors, storage_bytes, tensors_of
 
 __all__ = ["AllocatorPeak", "allocator_count", "allocator_peak_bytes", "resident_bytes"]
 
@@ -68,6 +68,4 @@ def resident_bytes(
     """Bytes alive before a step that the step needs: weights (and any gradients still held),
     buffers, optimizer state and the batch, each storage once (the budget counts everything
     the step holds)."""
-    tensors = [*tensors_of(model, optimizer), *flat_tensors(list(batch))]
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-    return sum(storages.values())
+    return storage_bytes([*tensors_of(model, optimizer), *flat_tensors(list(batch))])

@@ -171,8 +171,9 @@ class StagedSearch:
         seconds it added (``None`` where only one plan fits and it was not timed)."""
         runner = StepRunner(costs.stopwatch)
         timed = stage_timed if stage_timed and stage_timed.decision == found[0] else None
+        whole = not runner.can_run(found[0])
         candidates: list[Fit] = []
-        if runner.can_run(found[0]):
+        if not whole:
             candidates = self.search.fitting_alternatives(
                 self.usable_bytes, found, MAX_CANDIDATES, runnable=runner.can_run
             )
@@ -185,7 +186,6 @@ class StagedSearch:
                 )
                 if runner.fits_whole(fit[1], self.usable_bytes)
             ]
-        whole = not runner.can_run(found[0])
         # At the whole batch even one plan is timed: its time is then the plan's own, where
         # the sums stand otherwise.
         if len(candidates) > 1 or (whole and candidates and timed is None):

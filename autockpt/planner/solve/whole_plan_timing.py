@@ -149,9 +149,9 @@ class StepRunner:
 
     def whole_batch_s(self, counts: Sequence[int], fastest: Sequence[float]) -> float:
         """A plan's seconds at the whole batch, from its fastest run at each of ``counts``
-        (:meth:`counts_for`)."""
-        if len(counts) == 1:
-            return fastest[0] * self.stopwatch.whole_batch_size / counts[0]
+        (:meth:`sample_counts`, or the whole batch alone)."""
+        if len(counts) == 1:  # the whole batch itself
+            return fastest[0]
         (high, low), (high_s, low_s) = counts, fastest
         return on_line(low_s, low, high_s, high, self.stopwatch.whole_batch_size)
 

@@ -60,7 +60,7 @@ import torch
 
 from autockpt.planner.core.batch_split import batch_size_of, take_samples
 from autockpt.planner.core.decisions import KEEP, SegmentAction
-from autockpt.planner.core.memory_tracker import flat_tensors, tensor_bytes
+from autockpt.planner.core.memory_tracker import flat_tensors, storage_bytes, tensor_bytes
 from autockpt.planner.measure.fake_step import default_loss
 from autockpt.planner.measure.optimizers import make_optimizer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
@@ -400,12 +400,7 @@ class Stopwatch:
         values: list[Any] = [c.value for kept in self._region_inputs.values() for c in kept]
         if self.batch_size < self.whole_batch_size:
             values += [self.inputs, self.targets]
-        storages = {
-            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-            for t in flat_tensors(values)
-            if t.device.type != "meta"
-        }
-        return sum(storages.values())
+        return storage_bytes(values)
 
     @contextlib.contextmanager
     def isolated(self) -> Iterator[None]:

@@ -245,7 +245,7 @@ def _patches(tracer: fx.Tracer) -> list[tuple[type | ModuleType, str, Any]]:
             # second: the nodes made in between are the checkpointed code's.
             inner = original(fn, *args, **kwargs)
             next(inner)
-            before = list(tracer.graph.nodes)[-1] if len(tracer.graph.nodes) else None
+            before = next(reversed(tracer.graph.nodes), None)
             yield
             if _traces((args, kwargs)):
                 checkpoints[0] += 1
