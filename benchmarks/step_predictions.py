@@ -213,7 +213,8 @@ def line(r: dict[str, Any]) -> str:
         f"| {r['case']} | {r['plan']} | {r['source']} | {r['predicted']:.2f}x "
         f"({r['predicted_planned_ms']:.1f} / {r['predicted_plain_ms']:.1f} ms) | "
         f"{r['measured']:.2f}x ({r['planned_ms']:.1f} / {r['plain_ms']:.1f} ms) | "
-        f"{'yes' if r['within'] else 'no'} ({off:.0f} points) | {r['planning_s']:.1f} s |"
+        f"{'yes' if r['within'] else 'no'} ({off:.0f} point{'' if round(off) == 1 else 's'}) | "
+        f"{r['planning_s']:.1f} s |"
     )
 
 

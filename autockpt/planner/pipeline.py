@@ -69,6 +69,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -87,6 +88,7 @@ from autockpt.planner.solve.forced_checkpointing import forced_plan
 from autockpt.planner.solve.option_pricing import decision_extra_s
 from autockpt.planner.solve.staged_search import StagedSearch
 from autockpt.planner.timing.calibration import calibrate, calibration_peak_bytes
+from autockpt.planner.timing.module_stopwatch import ModuleCosts, ModuleStopwatch
 from autockpt.planner.timing.stopwatch import Stopwatch, can_time
 from autockpt.planner.timing.time_model import (
     EstimatedCosts,
@@ -166,6 +168,7 @@ def plan_one_process(
     report_progress("planning: timing the segments on the real model")
     estimated, costs = step_costs(
         measurer,
+        model,
         device,
         cpu_threads=training_threads(request, budget.shown_bytes(kept.peak_bytes), cpu_threads),
         room_bytes=calibration_room(usable_bytes, kept),
@@ -207,7 +210,7 @@ def plan_one_process(
             allow_chunks=request.allow_chunks,
             allow_micro_batches=request.allow_micro_batches,
             timed_costs=costs
-            if isinstance(costs, MeasuredCosts) and builder.costs is costs
+            if isinstance(costs, (MeasuredCosts, ModuleCosts)) and builder.costs is costs
             else None,
             notes=notes,
         ).run()
@@ -271,6 +274,7 @@ def training_threads(request: PlanRequest, unplanned_bytes: int, outside: int) -
 
 def step_costs(
     measurer: StepMeasurer,
+    model: torch.nn.Module,
     device: torch.device,
     *,
     cpu_threads: int,
@@ -278,7 +282,8 @@ def step_costs(
     usable_bytes: int,
 ) -> tuple[EstimatedCosts, StepCosts]:
     """The estimated costs, and the costs planning prices with: the step ``measurer`` measures
-    timed on the real model where that is cheap, else the estimates (NOTE [Time model]).
+    timed on the real model where that is cheap (``model``'s own step for a module chain,
+    NOTE [Timing a module chain]), else the estimates (NOTE [Time model]).
 
     The time model is calibrated within ``room_bytes`` (:func:`calibration_room`); the real
     model is timed on the samples whose step fits ``usable_bytes`` (NOTE [Timing at a batch
@@ -287,21 +292,23 @@ def step_costs(
     traced, kept = measurer.traced, measurer.kept
     time_model = calibrate(device.type, device.index, max_bytes=room_bytes)
     estimated = EstimatedCosts(time_model, kept)
-    if not (isinstance(traced, TracedModel) and can_time(device, kept.peak_bytes)):
+    if not can_time(device, kept.peak_bytes):
         return estimated, estimated
     room = TimingRoom.within(traced, kept, measurer.batch_size, usable_bytes)
     if room.samples == 0:
         return estimated, EstimatedCosts(time_model, kept, source=room.untimed_reason())
-    stopwatch = Stopwatch(
-        traced,
-        measurer.example_inputs,
-        loss_fn=measurer.loss_fn,
-        example_targets=measurer.example_targets,
-        optimizer=measurer.optimizer,
-        autocast_dtype=measurer.autocast_dtype,
-        threads=cpu_threads,
-        room=room,
-    )
+    batch = (measurer.example_inputs,)
+    timed: dict[str, Any] = {  # what either stopwatch takes beside the model and batch
+        "loss_fn": measurer.loss_fn,
+        "example_targets": measurer.example_targets,
+        "optimizer": measurer.optimizer,
+        "autocast_dtype": measurer.autocast_dtype,
+        "threads": cpu_threads,
+        "room": room,
+    }
+    if isinstance(traced, ModuleChain):
+        return estimated, ModuleCosts(ModuleStopwatch(model, *batch, **timed), estimated)
+    stopwatch = Stopwatch(traced, *batch, **timed)
     costs = MeasuredCosts(stopwatch, traced.regions, measurer.batch_size, fallback=estimated)
     return estimated, costs
 
@@ -316,7 +323,7 @@ def planning_peak_bytes(
     held = kept.parameter_bytes + measurer.batch_bytes
     calibration = calibration_peak_bytes(device.type, calibration_room(usable_bytes, kept))
     peak = max(measurer.planning_peak_bytes, held + calibration)
-    if isinstance(costs, MeasuredCosts) and costs.stopwatch.spent_s > 0:
+    if isinstance(costs, (MeasuredCosts, ModuleCosts)) and costs.stopwatch.spent_s > 0:
         # The plain step at the samples timed (gradients through autograd.grad, as many
         # bytes as .grad), and one optimizer step over copies of parameters and their state.
         # And a plan timed whole at the whole batch, beside the runs' copies (NOTE

@@ -24,6 +24,7 @@ from autockpt.planner.solve.whole_plan_timing import (
     fastest_of,
 )
 from autockpt.planner.solve.widening import Widening
+from autockpt.planner.timing.module_stopwatch import ModuleCosts
 from autockpt.planner.timing.time_model import MeasuredCosts
 
 #: A fit adding more than this share of the plain step's time widens the options further.
@@ -49,7 +50,8 @@ class StagedSearch:
         budget: the budget, whose usable bytes a plan's tensors may take (NOTE [One budget]).
         allow_chunks, allow_micro_batches: the caller's leave to split the batch.
         timed_costs: the costs that time the real model, where plans are timed whole
-            (NOTE [Whole-plan timing]); ``None`` where they are not.
+            (NOTE [Whole-plan timing]; a module chain's, NOTE [Timing a module chain]);
+            ``None`` where they are not.
         notes: the plan's notes, appended to.
     """
 
@@ -63,7 +65,7 @@ class StagedSearch:
         budget: StepBudget,
         allow_chunks: bool,
         allow_micro_batches: bool,
-        timed_costs: MeasuredCosts | None,
+        timed_costs: MeasuredCosts | ModuleCosts | None,
         notes: list[str],
     ) -> None:
         self.builder = builder
@@ -113,8 +115,9 @@ class StagedSearch:
         if found is None:
             raise search.infeasible(self.budget)
         timed_extra_s = None
-        if self.timed_costs is not None:
-            found, timed_extra_s = self._fastest_whole(self.timed_costs, found, stage_timed)
+        runner = self._runner()
+        if runner is not None:
+            found, timed_extra_s = self._fastest_whole(runner, found, stage_timed)
         decision, profile = found
         reduction = search.separability.loss_reduction if search.separability else None
         if decision.num_micro_batches > 1 and reduction:
@@ -152,10 +155,10 @@ class StagedSearch:
                 found
                 and decision_extra_s(self.builder.pricing, found[0]) <= WIDEN_PAST_SHARE * plain_s
             ):
-                if self.timed_costs is None:
+                runner = self._runner()
+                if runner is None:
                     break
                 # The sums say stop; the plan timed whole must agree (NOTE [Whole-plan timing]).
-                runner = StepRunner(self.timed_costs.stopwatch)
                 whole = not runner.can_run(found[0])
                 if whole and not runner.fits_whole(found[1], self.usable_bytes):
                     break  # neither on the samples timed nor at the whole batch: the sums stand
@@ -164,12 +167,17 @@ class StagedSearch:
                     break
         return found, stage_timed
 
+    def _runner(self) -> StepRunner | None:
+        """Runs plans whole on the real model, where plans are timed whole and timing has not
+        failed."""
+        runs = self.timed_costs.whole_runs() if self.timed_costs is not None else None
+        return StepRunner(runs) if runs is not None else None
+
     def _fastest_whole(
-        self, costs: MeasuredCosts, found: Fit, stage_timed: TimedChoice | None
+        self, runner: StepRunner, found: Fit, stage_timed: TimedChoice | None
     ) -> tuple[Fit, float | None]:
         """NOTE [Whole-plan timing]: the fastest of the plans that fit, timed whole, and the
         seconds it added (``None`` where only one plan fits and it was not timed)."""
-        runner = StepRunner(costs.stopwatch)
         timed = stage_timed if stage_timed and stage_timed.decision == found[0] else None
         whole = not runner.can_run(found[0])
         candidates: list[Fit] = []
@@ -187,9 +195,12 @@ class StagedSearch:
                 if runner.fits_whole(fit[1], self.usable_bytes)
             ]
         # At the whole batch even one plan is timed: its time is then the plan's own, where
-        # the sums stand otherwise.
-        if len(candidates) > 1 or (whole and candidates and timed is None):
-            timed = fastest_of(candidates, runner, costs.unplanned_step_s(), at_whole_batch=whole)
+        # the sums stand otherwise; a module chain has no timed sums (NOTE [Timing a module
+        # chain]).
+        sums_timed = isinstance(self.timed_costs, MeasuredCosts)
+        if len(candidates) > 1 or (candidates and timed is None and (whole or not sums_timed)):
+            plain_s = self.builder.costs.unplanned_step_s()
+            timed = fastest_of(candidates, runner, plain_s, at_whole_batch=whole)
         if timed is None:
             return found, None
         self.notes.append(timed.note)

@@ -6,8 +6,9 @@ micro-batches' overhead (NOTE [Timed options]). On a small step those sums miss 
 whole step shows: a checkpoint's fixed cost, the loss and optimizer bookkeeping of every
 micro-batch, caches warmed or not by the step around a piece. On the zoo's 10 ms steps the plan
 chosen that way took 1.57x where four micro-batches took 1.46x, and an LSTM's 5.61x where they
-took 1.83x. So where the planner times the real model (the CPU, a model torch.fx traced,
-NOTE [Measured step time]), the final choice is made by timing:
+took 1.83x. So where the planner times the real model (the CPU, NOTE [Measured step time]; a
+model torch.fx did not trace too, in whole steps, NOTE [Timing a module chain]), the final
+choice is made by timing:
 
 - *Candidates.* The cheapest solution at each micro-batch count (the solver's choice is one
   of them), the ``MAX_CANDIDATES`` cheapest by the estimate, each measured on fake tensors and
@@ -49,14 +50,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
-
-from autockpt.planner.core.batch_split import split_batch
 from autockpt.planner.measure.scaled_step import real_step_bytes
 from autockpt.planner.measure.step_profile import StepProfile
-from autockpt.planner.runtime.segment_runners import build_segmented_module
 from autockpt.planner.solve.chain_decoding import Decision
-from autockpt.planner.timing.stopwatch import Stopwatch
+from autockpt.planner.timing.real_batch import RealBatch
 from autockpt.planner.timing.timing_room import on_line
 
 #: Plans timed whole at most (NOTE [Whole-plan timing]).
@@ -83,9 +80,9 @@ class TimedChoice:
 
 class StepRunner:
     """Runs whole steps of plans on the real model, with what the stopwatch already holds:
-    the traced model, the caller's batch and loss, training's threads and autocast."""
+    the model, the caller's batch and loss, training's threads and autocast."""
 
-    def __init__(self, stopwatch: Stopwatch) -> None:
+    def __init__(self, stopwatch: RealBatch) -> None:
         self.stopwatch = stopwatch
 
     def can_run(self, decision: Decision) -> bool:
@@ -119,33 +116,12 @@ class StepRunner:
     def seconds(self, decision: Decision | None, samples: int | None = None) -> Callable[[], float]:
         """A function timing one forward, loss and backward of ``decision`` (``None``: the
         plain step) on the real model, on the leading ``samples`` the runs use (default: all
-        of them)."""
+        of them; more: the caller's whole batch)."""
         watch = self.stopwatch
-        module = watch.traced.graph_module
-        if decision is not None:
-            module = build_segmented_module(module, decision.segments, decision.actions)
-        pieces = decision.num_micro_batches if decision is not None else 1
-        samples = samples or watch.batch_size
-        if samples > watch.batch_size:  # the caller's whole batch, as training runs it
-            inputs = split_batch(watch.whole_inputs, pieces, batch_size=samples)
-            targets = split_batch(watch.whole_targets, pieces, batch_size=samples)
-        else:
-            inputs = split_batch(watch.leading(watch.inputs, samples), pieces, batch_size=samples)
-            targets = split_batch(watch.leading(watch.targets, samples), pieces, batch_size=samples)
-
-        def run() -> float:
-            started = time.perf_counter()
-            for piece_inputs, piece_targets in zip(inputs, targets, strict=True):
-                with watch.autocast():
-                    loss = watch.loss_fn(module(*piece_inputs), *piece_targets)
-                if pieces > 1:
-                    loss = loss * (1.0 / pieces)
-                if loss.requires_grad and watch.parameters:
-                    torch.autograd.grad(loss, watch.parameters, allow_unused=True)
-                del loss
-            return time.perf_counter() - started
-
-        return run
+        if decision is None:
+            return watch.step_run(watch.plain_module(), 1, samples)
+        module = watch.planned_module(decision.segments, decision.actions)
+        return watch.step_run(module, decision.num_micro_batches, samples)
 
     def whole_batch_s(self, counts: Sequence[int], fastest: Sequence[float]) -> float:
         """A plan's seconds at the whole batch, from its fastest run at each of ``counts``

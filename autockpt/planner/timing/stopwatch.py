@@ -42,29 +42,27 @@ written), buffers a forward updates (BatchNorm's statistics) are put back after 
 one) and whatever else the process has set (glibc's malloc keeping freed pages halves a
 ``tft-225`` step): a trainer that tunes its process should do it before planning, so that the
 plan is timed as it will train. They need the real step's memory, so they run only where that is
-cheap: on the CPU, for a model torch.fx traced, when the unplanned step takes less than half
-of the host's free memory; elsewhere the estimate of NOTE [Time model] stands.
+cheap: on the CPU, when the unplanned step takes less than half of the host's free memory;
+elsewhere the estimate of NOTE [Time model] stands. A model torch.fx did not trace is timed in
+whole steps only (NOTE [Timing a module chain] in
+:mod:`autockpt.planner.timing.module_stopwatch`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from autockpt.planner.core.batch_split import batch_size_of, take_samples
 from autockpt.planner.core.decisions import KEEP, SegmentAction
-from autockpt.planner.core.memory_tracker import flat_tensors, storage_bytes, tensor_bytes
-from autockpt.planner.measure.fake_step import default_loss
-from autockpt.planner.measure.optimizers import make_optimizer
+from autockpt.planner.core.memory_tracker import flat_tensors
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.runtime.segment_runners import SegmentRunner, build_segmented_module
+from autockpt.planner.timing.real_batch import RealBatch
 from autockpt.planner.timing.segment_clock import (
     Captured,
     NoObserver,
@@ -72,13 +70,9 @@ from autockpt.planner.timing.segment_clock import (
     captured,
     first_samples,
 )
-from autockpt.planner.timing.timed_runs import TimedRuns, median, seconds
-from autockpt.planner.timing.timing_room import OPTIMIZER_COPIES_PER_BYTE, TimingRoom, on_line
-from autockpt.planner.trace.fx_graph import TracedModel
-
-#: The plain step is timed again while its last run took under this share of the one before,
-#: up to ``MAX_SETTLING_RUNS`` runs in all (NOTE [Measured step time]).
-SETTLED_SHARE, MAX_SETTLING_RUNS = 0.9, 6
+from autockpt.planner.timing.timed_runs import median
+from autockpt.planner.timing.timing_room import TimingRoom, on_line
+from autockpt.planner.trace.fx_graph import Segment, TracedModel
 
 
 @dataclass(frozen=True)
@@ -133,20 +127,13 @@ def can_time(device: torch.device, unplanned_bytes: int) -> bool:
     return unplanned_bytes < free_bytes // 2
 
 
-class Stopwatch:
+class Stopwatch(RealBatch):
     """Times the real model's plain step and recomputed regions (NOTE [Measured step time]).
 
     Args:
         traced: the traced model; its graph module shares the caller's parameters.
-        example_inputs: the batch to time, as the caller gave it.
-        loss_fn: ``loss_fn(output, *example_targets)``; ``None``: the sum of the outputs.
-        example_targets: the loss's targets.
-        optimizer: what optimizer to time one step of (see ``make_optimizer``).
-        autocast_dtype: run forward and loss under ``torch.autocast`` with this dtype.
-        threads: torch CPU threads to time with (training's, not planning's one).
-        room: the samples the runs use, and the bytes the optimizer's timing may take
-            (default: the whole batch, no limit); times stand for the whole batch, scaled
-            (NOTE [Timing at a batch that fits]).
+        example_inputs, loss_fn, example_targets, optimizer, autocast_dtype, threads, room:
+            as :class:`~autockpt.planner.timing.real_batch.RealBatch` takes them.
     """
 
     def __init__(
@@ -161,41 +148,32 @@ class Stopwatch:
         threads: int,
         room: TimingRoom | None = None,
     ) -> None:
+        super().__init__(
+            traced.graph_module,
+            example_inputs,
+            loss_fn=loss_fn,
+            example_targets=example_targets,
+            optimizer=optimizer,
+            autocast_dtype=autocast_dtype,
+            threads=threads,
+            room=room,
+        )
         self.traced = traced
-        #: The batch the times stand for, and the leading samples of it the runs use.
-        self.whole_batch_size = batch_size_of(list(example_inputs)) or 1
-        self.room = room or TimingRoom.whole(self.whole_batch_size)
-        self.batch_size = max(min(self.room.samples, self.whole_batch_size), 1)
-        self.inputs = self._leading(list(example_inputs))
-        self.targets = self._leading(list(example_targets))
-        #: The caller's whole batch, for plans timed whole at it (NOTE [Whole-plan timing]).
-        self.whole_inputs, self.whole_targets = list(example_inputs), list(example_targets)
-        #: The most real bytes a plan timed at the whole batch held, with what the runs hold
-        #: beside it (:meth:`held_bytes`); 0 where none was.
-        self.whole_batch_peak_bytes = 0
-        self.loss_fn = loss_fn or default_loss
-        self.optimizer = optimizer
-        module = traced.graph_module
-        self.runs = TimedRuns(list(module.buffers()), threads, autocast_dtype)
-        self.parameters = [p for p in module.parameters() if p.requires_grad]
         self._steps: dict[int, StepTimes] = {}  # by the samples run, as timed
         self._pieces: dict[tuple[int, int], float] = {}  # by region and samples run, as timed
-        self._optimizer_s: float | None = None
         # The inputs of every region, as the plain step on the timed samples computed them.
         self._region_inputs: dict[int, tuple[Captured, ...]] = {}
         self._region_runners: dict[int, SegmentRunner] = {}
         self._clock = SegmentClock([s.output_names for s in traced.segments])
         self._plain: torch.nn.Module | None = None
 
-    @property
-    def threads(self) -> int:
-        """Torch CPU threads the runs are timed with."""
-        return self.runs.threads
+    def plain_module(self) -> torch.nn.Module:
+        return self.traced.graph_module
 
-    @property
-    def spent_s(self) -> float:
-        """Seconds spent in timed runs so far (repeats included)."""
-        return self.runs.spent_s
+    def planned_module(
+        self, segments: Sequence[Segment], actions: Sequence[SegmentAction]
+    ) -> torch.nn.Module:
+        return build_segmented_module(self.traced.graph_module, segments, actions)
 
     def plain_step(self, pieces: int = 1) -> StepTimes:
         """The plain step of the largest of ``pieces`` micro-batches of the whole batch, timed
@@ -214,54 +192,11 @@ class Stopwatch:
             targets = self.leading(self.targets, samples)
             capture = samples == self.batch_size
 
-            # At least twice: the first real step of a process maps its memory, and with
-            # malloc keeping freed pages (as a tuned trainer's does) later steps do not.
-            # Where mapping a page is slow it can take a few more steps to settle: then more
-            # runs, and the faster of the last two (NOTE [Measured step time]).
             def step() -> StepTimes:
                 return self._time_step(inputs, targets, capture=capture)
 
-            runs = self.runs.repeated(step, at_least=2)
-            first_runs = len(runs)
-            while len(runs) < MAX_SETTLING_RUNS and (
-                runs[-1].total_s < SETTLED_SHARE * runs[-2].total_s
-            ):
-                runs += self.runs.repeated(step)
-            settled = runs if len(runs) == first_runs else runs[-2:]
-            self._steps[samples] = median(settled, key=lambda times: times.total_s)
+            self._steps[samples] = self.runs.settled(step, key=lambda times: times.total_s)
         return self._steps[samples]
-
-    def optimizer_s(self) -> float:
-        """One optimizer step over copies of the parameters, its state already made; over
-        the leading parameters whose copies fit ``optimizer_room_bytes``, scaled by bytes."""
-        if self._optimizer_s is None:
-            timed = self._parameters_within_room()
-            copies = [torch.nn.Parameter(p.detach().clone()) for p in timed]
-            optimizer = make_optimizer(self.optimizer, copies)
-            if optimizer is None or not copies:
-                self._optimizer_s = 0.0
-            else:
-                for copy in copies:
-                    copy.grad = torch.zeros_like(copy)
-                with self.runs.training_threads(), warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    optimizer.step()  # makes its state, as an earlier training step has
-                    runs = self.runs.repeated(lambda: seconds(optimizer.step))
-                share = tensor_bytes(timed) / max(tensor_bytes(self.parameters), 1)
-                self._optimizer_s = median(runs, key=float) / share
-        return self._optimizer_s
-
-    def _parameters_within_room(self) -> list[torch.nn.Parameter]:
-        # A copy, its gradient and the step's temporaries: three times its bytes, and state.
-        per_byte = OPTIMIZER_COPIES_PER_BYTE + self.room.optimizer_state_share
-        chosen: list[torch.nn.Parameter] = []
-        held = 0.0
-        for parameter in self.parameters:
-            held += per_byte * tensor_bytes(parameter)
-            if held > self.room.optimizer_room_bytes:
-                break
-            chosen.append(parameter)
-        return chosen
 
     def region_piece_s(
         self, region: int, samples: int, input_batch_dims: Sequence[int | None]
@@ -298,19 +233,6 @@ class Stopwatch:
             runs = self.runs.repeated(lambda: self._time_piece(runner, inputs))
             self._pieces[key] = median(runs, key=float)
         return self._pieces[key]
-
-    def _leading(self, values: list[Any]) -> list[Any]:
-        """``values`` cut to the samples the runs use (the very values at the whole batch)."""
-        if self.batch_size == self.whole_batch_size:
-            return values
-        return take_samples(values, slice(0, self.batch_size), batch_size=self.whole_batch_size)
-
-    def leading(self, values: list[Any], samples: int) -> list[Any]:
-        """``values`` (the runs' inputs or targets) cut to their leading ``samples``: views of
-        the runs' own copy, which share no storage with the caller's batch."""
-        if samples == self.batch_size:
-            return values
-        return take_samples(values, slice(0, samples), batch_size=self.batch_size, copy=False)
 
     def _time_step(self, inputs: list[Any], targets: list[Any], *, capture: bool) -> StepTimes:
         if self._plain is None:
@@ -393,21 +315,8 @@ class Stopwatch:
                 )
             return time.perf_counter() - started
 
-    def held_bytes(self) -> int:
-        """Bytes the runs hold between steps, on top of the caller's model and batch: their
-        copy of the samples timed and the regions' inputs kept from the plain step (each
-        storage counted once)."""
-        values: list[Any] = [c.value for kept in self._region_inputs.values() for c in kept]
-        if self.batch_size < self.whole_batch_size:
-            values += [self.inputs, self.targets]
-        return storage_bytes(values)
-
-    @contextlib.contextmanager
-    def isolated(self) -> Iterator[None]:
-        """Training's thread count, and the buffers a forward updates put back afterwards."""
-        with self.runs.isolated():
-            yield
-
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """The autocast the step runs under (none without an autocast dtype)."""
-        return self.runs.autocast()
+    def held_values(self) -> list[Any]:
+        """Beside the runs' copy of the samples timed, the regions' inputs kept from the
+        plain step."""
+        kept = [c.value for inputs in self._region_inputs.values() for c in inputs]
+        return [*kept, *super().held_values()]

@@ -208,16 +208,7 @@ class MeasuredCosts:
     def source(self) -> str:
         if self.failure:
             return f"estimated: timing the real model failed ({self.failure})"
-        watch = self.stopwatch
-        samples = (
-            f" at {watch.batch_size} of the batch's {watch.whole_batch_size} samples, scaled"
-            if watch.batch_size < watch.whole_batch_size
-            else ""
-        )
-        return (
-            f"timed on the real model{samples} ({watch.spent_s:.2f} s of runs on "
-            f"{watch.threads} thread{'s' if watch.threads > 1 else ''})"
-        )
+        return f"timed on the real model{self.stopwatch.runs_said()}"
 
     def unplanned_step_s(self) -> float:
         return self._guarded(
@@ -318,14 +309,28 @@ class MeasuredCosts:
         return self.stopwatch.plain_step(pieces).kept_s(first, end)
 
     def _guarded(self, timed: Callable[[], _T], estimated: Callable[[], _T]) -> _T:
-        """``timed()``, or ``estimated()`` from the first time timing fails on."""
-        if not self.failure:
-            try:
-                return timed()
-            except Exception as error:  # noqa: BLE001 - a model that cannot be timed is estimated
-                first_line = str(error).splitlines()[0][:120] if str(error) else ""
-                self.failure = f"{type(error).__name__}: {first_line}"
-        return estimated()
+        return guarded(self, timed, estimated)
+
+    def whole_runs(self) -> Stopwatch | None:
+        """Where plans are timed whole (NOTE [Whole-plan timing]): the stopwatch, unless
+        timing has failed."""
+        return None if self.failure else self.stopwatch
+
+
+class _Failing(Protocol):
+    failure: str
+
+
+def guarded(costs: _Failing, timed: Callable[[], _T], estimated: Callable[[], _T]) -> _T:
+    """``timed()``, or ``estimated()`` from the first time timing fails on (``costs.failure``
+    then says how)."""
+    if not costs.failure:
+        try:
+            return timed()
+        except Exception as error:  # noqa: BLE001 - a model that cannot be timed is estimated
+            first_line = str(error).splitlines()[0][:120] if str(error) else ""
+            costs.failure = f"{type(error).__name__}: {first_line}"
+    return estimated()
 
 
 def timed_s(

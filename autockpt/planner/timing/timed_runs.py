@@ -15,6 +15,9 @@ import torch
 REPEAT_BELOW_S = 0.05
 #: At most this many runs of one measurement.
 MAX_REPEATS = 3
+#: A plain step is timed again while its last run took under this share of the one before,
+#: up to ``MAX_SETTLING_RUNS`` runs in all (NOTE [Measured step time]).
+SETTLED_SHARE, MAX_SETTLING_RUNS = 0.9, 6
 
 _R = TypeVar("_R")
 
@@ -51,6 +54,18 @@ class TimedRuns:
             spent += time.perf_counter() - started
         self.spent_s += spent
         return results
+
+    def settled(self, run: Callable[[], _R], *, key: Callable[[_R], float]) -> _R:
+        """A plain step's run once the steps have settled (NOTE [Measured step time]): at
+        least two runs (the first real step of a process maps its memory, and with malloc
+        keeping freed pages, as a tuned trainer's does, later steps do not); where mapping a
+        page is slow it can take a few more to settle: then more runs, and the faster of the
+        last two (by ``key``, seconds)."""
+        runs = self.repeated(run, at_least=2)
+        first_runs = len(runs)
+        while len(runs) < MAX_SETTLING_RUNS and key(runs[-1]) < SETTLED_SHARE * key(runs[-2]):
+            runs += self.repeated(run)
+        return median(runs if len(runs) == first_runs else runs[-2:], key=key)
 
     @contextlib.contextmanager
     def isolated(self) -> Iterator[None]:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from autockpt.planner.measure.scaled_step import ROOM_SHARE, real_step_bytes
 from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.trace.fx_graph import TracedModel
+from autockpt.planner.trace.module_chain import ModuleChain
 
 #: The fewest samples worth timing at: fewer, and a step's fixed cost cannot be told from
 #: what grows with the batch (NOTE [Timing at a batch that fits]).
@@ -81,7 +82,11 @@ class TimingRoom:
 
     @classmethod
     def within(
-        cls, traced: TracedModel, kept: StepProfile, batch_size: int, usable_bytes: int
+        cls,
+        traced: TracedModel | ModuleChain,
+        kept: StepProfile,
+        batch_size: int,
+        usable_bytes: int,
     ) -> TimingRoom:
         """The room for timed runs of ``traced``'s step, measured as ``kept`` at
         ``batch_size`` samples, under ``usable_bytes``."""
@@ -156,9 +161,12 @@ def on_line(low_s: float, low: int, high_s: float, high: int, samples: int) -> f
     return fixed + per_sample * samples
 
 
-def region_input_bytes(traced: TracedModel, kept: StepProfile) -> int:
+def region_input_bytes(traced: TracedModel | ModuleChain, kept: StepProfile) -> int:
     """Bytes of every region's inputs in the step ``kept`` measures, each counted once, the
-    graph's placeholders (the batch) left out."""
+    graph's placeholders (the batch) left out; none for a module chain, whose runs keep no
+    region's inputs (only whole steps are timed, NOTE [Timing a module chain])."""
+    if isinstance(traced, ModuleChain):
+        return 0
     placeholders = {n.name for n in traced.graph_module.graph.nodes if n.op == "placeholder"}
     sizes: dict[str, int] = {}
     for (first, end), region in zip(traced.regions, traced.region_segments, strict=True):

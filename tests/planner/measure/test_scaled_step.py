@@ -93,7 +93,10 @@ def test_planning_a_model_measured_for_real_holds_the_budget_itself():
     assert counter.peak_bytes <= budget, (
         f"planning held {counter.peak_bytes / MiB:.1f} MiB, budget {budget / MiB:.1f} MiB"
     )
-    assert abs(plan.planning_peak_bytes - counter.peak_bytes) <= 0.1 * counter.peak_bytes
+    # The report is not under the count, nor over the budget: the timed runs of the model's
+    # whole steps (NOTE [Timing a module chain]) are reported by their bound read off the kept
+    # step (NOTE [Timing at a batch that fits]), which is above what they held.
+    assert counter.peak_bytes * 0.97 <= plan.planning_peak_bytes <= budget
     # The model is as it was: the measuring copy shared its parameters and never wrote them.
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name]), name
