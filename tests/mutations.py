@@ -260,8 +260,8 @@ MUTATIONS = (
         "whole-plan-timing-ignored",
         "the plans that fit are timed whole, but the solver's estimate still picks the plan",
         "autockpt/planner/solve/staged_search.py",
-        "        return (timed.decision, timed.profile), timed.extra_s",
-        "        return found, timed.extra_s",
+        "            found = (timed.decision, timed.profile)\n",
+        "            pass\n",
         (
             "tests/planner/solve/test_whole_plan_timing.py::"
             "test_the_fastest_plan_timed_whole_is_chosen_and_predicted",
@@ -304,7 +304,7 @@ MUTATIONS = (
         "stage-stop-on-sums",
         "a stage's fit ends the search on the solver's sums, the plan timed whole overruled",
         "autockpt/planner/solve/staged_search.py",
-        "                if stage_timed.extra_s <= WIDEN_PAST_SHARE * plain_s:",
+        "                if stage_timed.extra_s <= WIDEN_PAST_SHARE * stage_timed.plain_s:",
         "                if True:",
         (
             "tests/planner/timing/test_time_model.py::"
@@ -1423,6 +1423,32 @@ MUTATIONS = (
         "autockpt/planner/pipeline.py",
         "    if isinstance(costs, (MeasuredCosts, ModuleCosts)) and costs.stopwatch.spent_s > 0:\n",
         "    if isinstance(costs, MeasuredCosts) and costs.stopwatch.spent_s > 0:\n",
+        ("tests/planner/timing/test_module_stopwatch.py",),
+    ),
+    Mutation(
+        "own-checkpoints-timed-against-the-traced-step",
+        "a model that calls torch.utils.checkpoint itself is timed against the traced graph's "
+        "plain step, which recomputes nothing, not the step the user runs",
+        "autockpt/planner/pipeline.py",
+        "    own = model if own_checkpoint_calls(traced.graph_module.graph) else None\n",
+        "    own = None\n",
+        ("tests/planner/timing/test_own_checkpoints.py",),
+    ),
+    Mutation(
+        "own-step-reported-plans-timed-against-the-traced",
+        "the model's own step is the plain step the plan reports, but its plans are timed "
+        "against the traced graph's",
+        "autockpt/planner/timing/stopwatch.py",
+        "        return self.own_model or self.traced.graph_module\n",
+        "        return self.traced.graph_module\n",
+        ("tests/planner/timing/test_own_checkpoints.py",),
+    ),
+    Mutation(
+        "plan-reports-a-plain-step-timed-apart",
+        "a plan timed whole is reported beside a plain step timed apart from its rounds",
+        "autockpt/planner/pipeline.py",
+        "        builder.costs.unplanned_step_s() if chosen.timed_plain_s is None else chosen.timed_plain_s\n",
+        "        builder.costs.unplanned_step_s()\n",
         ("tests/planner/timing/test_module_stopwatch.py",),
     ),
 )

@@ -96,6 +96,7 @@ from autockpt.planner.timing.time_model import (
     StepCosts,
 )
 from autockpt.planner.timing.timing_room import TimingRoom
+from autockpt.planner.trace.autograd_regions import own_checkpoint_calls
 from autockpt.planner.trace.fx_graph import TracedModel
 from autockpt.planner.trace.module_chain import ModuleChain, Tracing, trace_or_find_modules
 from autockpt.progress import report_progress
@@ -308,7 +309,9 @@ def step_costs(
     }
     if isinstance(traced, ModuleChain):
         return estimated, ModuleCosts(ModuleStopwatch(model, *batch, **timed), estimated)
-    stopwatch = Stopwatch(traced, *batch, **timed)
+    # NOTE [The model's own checkpoints, timed]
+    own = model if own_checkpoint_calls(traced.graph_module.graph) else None
+    stopwatch = Stopwatch(traced, *batch, **timed, own_model=own)
     costs = MeasuredCosts(stopwatch, traced.regions, measurer.batch_size, fallback=estimated)
     return estimated, costs
 
@@ -356,7 +359,11 @@ def plan_report(
     """What was chosen, as the :class:`Plan` the caller reads: its rows, peaks and seconds."""
     decision, final = chosen.decision, chosen.profile
     segment_plans = segment_rows(builder, chosen.whole, decision)
-    unplanned_step_s = builder.costs.unplanned_step_s()
+    # A plan timed whole is reported beside the plain step of the same rounds (NOTE
+    # [Whole-plan timing]).
+    unplanned_step_s = (
+        builder.costs.unplanned_step_s() if chosen.timed_plain_s is None else chosen.timed_plain_s
+    )
     extra_s = (
         decision_extra_s(builder.pricing, decision)
         if chosen.timed_extra_s is None

@@ -101,6 +101,8 @@ class ChosenPlan:
         minimum_peak_bytes: the lowest peak planning found (tensor bytes).
         timed_extra_s: the seconds the plan added when timed whole against the plain step
             (NOTE [Whole-plan timing]); ``None`` where it was not timed whole.
+        timed_plain_s: the plain step's seconds in the same rounds, its optimizer step
+            added; ``None`` where the plan was not timed whole.
         minimum_searched: which options the minimum is the lowest of (NOTE [One minimum]).
     """
 
@@ -109,4 +111,5 @@ class ChosenPlan:
     whole: Profiles
     minimum_peak_bytes: int
     timed_extra_s: float | None = None
+    timed_plain_s: float | None = None
     minimum_searched: str = "every option"

@@ -114,10 +114,10 @@ class StagedSearch:
         self.notes.extend(search.measure.failures)
         if found is None:
             raise search.infeasible(self.budget)
-        timed_extra_s = None
         runner = self._runner()
-        if runner is not None:
-            found, timed_extra_s = self._fastest_whole(runner, found, stage_timed)
+        timed = self._fastest_whole(runner, found, stage_timed) if runner is not None else None
+        if timed is not None:
+            found = (timed.decision, timed.profile)
         decision, profile = found
         reduction = search.separability.loss_reduction if search.separability else None
         if decision.num_micro_batches > 1 and reduction:
@@ -135,7 +135,8 @@ class StagedSearch:
             minimum_peak_bytes=search.measured_minimum_bytes()
             if every_option
             else search.minimum_peak_bytes(),
-            timed_extra_s=timed_extra_s,
+            timed_extra_s=timed.extra_s if timed is not None else None,
+            timed_plain_s=timed.plain_s if timed is not None else None,
             minimum_searched=MINIMUM_SEARCHED[self.stages_reached - 1],
         )
 
@@ -162,8 +163,9 @@ class StagedSearch:
                 whole = not runner.can_run(found[0])
                 if whole and not runner.fits_whole(found[1], self.usable_bytes):
                     break  # neither on the samples timed nor at the whole batch: the sums stand
-                stage_timed = fastest_of([found], runner, plain_s, at_whole_batch=whole)
-                if stage_timed.extra_s <= WIDEN_PAST_SHARE * plain_s:
+                optimizer_s = runner.stopwatch.optimizer_s()
+                stage_timed = fastest_of([found], runner, optimizer_s, at_whole_batch=whole)
+                if stage_timed.extra_s <= WIDEN_PAST_SHARE * stage_timed.plain_s:
                     break
         return found, stage_timed
 
@@ -175,9 +177,9 @@ class StagedSearch:
 
     def _fastest_whole(
         self, runner: StepRunner, found: Fit, stage_timed: TimedChoice | None
-    ) -> tuple[Fit, float | None]:
-        """NOTE [Whole-plan timing]: the fastest of the plans that fit, timed whole, and the
-        seconds it added (``None`` where only one plan fits and it was not timed)."""
+    ) -> TimedChoice | None:
+        """NOTE [Whole-plan timing]: the fastest of the plans that fit, timed whole (``None``
+        where only one plan fits and it was not timed: ``found`` stands)."""
         timed = stage_timed if stage_timed and stage_timed.decision == found[0] else None
         whole = not runner.can_run(found[0])
         candidates: list[Fit] = []
@@ -195,13 +197,12 @@ class StagedSearch:
                 if runner.fits_whole(fit[1], self.usable_bytes)
             ]
         # At the whole batch even one plan is timed: its time is then the plan's own, where
-        # the sums stand otherwise; a module chain has no timed sums (NOTE [Timing a module
-        # chain]).
-        sums_timed = isinstance(self.timed_costs, MeasuredCosts)
-        if len(candidates) > 1 or (candidates and timed is None and (whole or not sums_timed)):
-            plain_s = self.builder.costs.unplanned_step_s()
-            timed = fastest_of(candidates, runner, plain_s, at_whole_batch=whole)
-        if timed is None:
-            return found, None
-        self.notes.append(timed.note)
-        return (timed.decision, timed.profile), timed.extra_s
+        # the sums stand otherwise; they do not for a module chain, which has no timed sums
+        # (NOTE [Timing a module chain]), nor against a model's own checkpointed step.
+        sums_stand = self.timed_costs is not None and self.timed_costs.sums_stand
+        if len(candidates) > 1 or (candidates and timed is None and (whole or not sums_stand)):
+            optimizer_s = runner.stopwatch.optimizer_s()
+            timed = fastest_of(candidates, runner, optimizer_s, at_whole_batch=whole)
+        if timed is not None:
+            self.notes.append(timed.note)
+        return timed

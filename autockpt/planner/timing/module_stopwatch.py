@@ -37,7 +37,7 @@ from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.runtime.planned_chain import build_module_planned
 from autockpt.planner.timing.real_batch import RealBatch
 from autockpt.planner.timing.time_model import Cost, EstimatedCosts, guarded
-from autockpt.planner.timing.timing_room import TimingRoom, on_line
+from autockpt.planner.timing.timing_room import TimingRoom
 from autockpt.planner.trace.fx_graph import Segment
 
 
@@ -78,7 +78,6 @@ class ModuleStopwatch(RealBatch):
             room=room,
         )
         self.model = copied
-        self._plain_s: dict[int, float] = {}  # by the samples run
 
     def plain_module(self) -> torch.nn.Module:
         return self.model
@@ -94,25 +93,8 @@ class ModuleStopwatch(RealBatch):
         return build_module_planned(self.model, segments, actions)
 
     def plain_step_s(self) -> float:
-        """The plain step's forward, loss and backward at the whole batch (past the samples
-        the runs use, read off the line through them and half of them)."""
-        if self.batch_size >= self.whole_batch_size:
-            return self._plain_at(self.batch_size)
-        low_samples = self.room.lower_samples
-        return on_line(
-            self._plain_at(low_samples),
-            low_samples,
-            self._plain_at(self.batch_size),
-            self.batch_size,
-            self.whole_batch_size,
-        )
-
-    def _plain_at(self, samples: int) -> float:
-        if samples not in self._plain_s:
-            run = self.step_run(self.model, 1, samples)
-            with self.runs.training_threads():
-                self._plain_s[samples] = self.runs.settled(run, key=float)
-        return self._plain_s[samples]
+        """The plain step's forward, loss and backward at the whole batch."""
+        return self.whole_step_s(self.model)
 
 
 class ModuleCosts:
@@ -144,6 +126,11 @@ class ModuleCosts:
             return self.stopwatch.plain_step_s() + self.stopwatch.optimizer_s()
 
         return guarded(self, timed, self.estimated.unplanned_step_s)
+
+    @property
+    def sums_stand(self) -> bool:
+        """Never: the options are estimates (NOTE [Timing a module chain])."""
+        return False
 
     def whole_runs(self) -> ModuleStopwatch | None:
         """Where plans are timed whole: the stopwatch, unless timing has failed."""

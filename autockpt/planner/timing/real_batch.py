@@ -25,7 +25,7 @@ from autockpt.planner.measure.fake_step import default_loss
 from autockpt.planner.measure.optimizers import make_optimizer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.timing.timed_runs import TimedRuns, median, seconds
-from autockpt.planner.timing.timing_room import OPTIMIZER_COPIES_PER_BYTE, TimingRoom
+from autockpt.planner.timing.timing_room import OPTIMIZER_COPIES_PER_BYTE, TimingRoom, on_line
 from autockpt.planner.trace.fx_graph import Segment
 
 
@@ -73,6 +73,7 @@ class RealBatch:
         self.runs = TimedRuns(list(module.buffers()), threads, autocast_dtype)
         self.parameters = [p for p in module.parameters() if p.requires_grad]
         self._optimizer_s: float | None = None
+        self._step_s: dict[tuple[int, int], float] = {}  # by module and samples, as timed
 
     @property
     def threads(self) -> int:
@@ -133,6 +134,29 @@ class RealBatch:
             return time.perf_counter() - started
 
         return run
+
+    def whole_step_s(self, module: torch.nn.Module) -> float:
+        """``module``'s forward, loss and backward at the whole batch, timed until settled
+        (:meth:`TimedRuns.settled`; past the samples the runs use, read off the line through
+        them and half of them)."""
+        if self.batch_size >= self.whole_batch_size:
+            return self._step_at(module, self.batch_size)
+        low_samples = self.room.lower_samples
+        return on_line(
+            self._step_at(module, low_samples),
+            low_samples,
+            self._step_at(module, self.batch_size),
+            self.batch_size,
+            self.whole_batch_size,
+        )
+
+    def _step_at(self, module: torch.nn.Module, samples: int) -> float:
+        key = (id(module), samples)
+        if key not in self._step_s:
+            run = self.step_run(module, 1, samples)
+            with self.runs.training_threads():
+                self._step_s[key] = self.runs.settled(run, key=float)
+        return self._step_s[key]
 
     def optimizer_s(self) -> float:
         """One optimizer step over copies of the parameters, its state already made; over

@@ -208,11 +208,17 @@ class MeasuredCosts:
     def source(self) -> str:
         if self.failure:
             return f"estimated: timing the real model failed ({self.failure})"
-        return f"timed on the real model{self.stopwatch.runs_said()}"
+        own = (
+            "; the plain step is the model's own, its torch.utils.checkpoint calls recomputing "
+            "(NOTE [The model's own checkpoints, timed])"
+            if self.stopwatch.own_model is not None
+            else ""
+        )
+        return f"timed on the real model{self.stopwatch.runs_said()}{own}"
 
     def unplanned_step_s(self) -> float:
         return self._guarded(
-            lambda: self.stopwatch.plain_step().total_s + self.stopwatch.optimizer_s(),
+            lambda: self.stopwatch.plain_step_s() + self.stopwatch.optimizer_s(),
             self.fallback.unplanned_step_s,
         )
 
@@ -310,6 +316,13 @@ class MeasuredCosts:
 
     def _guarded(self, timed: Callable[[], _T], estimated: Callable[[], _T]) -> _T:
         return guarded(self, timed, estimated)
+
+    @property
+    def sums_stand(self) -> bool:
+        """Whether a plan's timed sums stand for its time against the plain step the plan
+        reports: not where that is the model's own step (NOTE [The model's own checkpoints,
+        timed]), which the options are not priced against."""
+        return self.stopwatch.own_model is None
 
     def whole_runs(self) -> Stopwatch | None:
         """Where plans are timed whole (NOTE [Whole-plan timing]): the stopwatch, unless

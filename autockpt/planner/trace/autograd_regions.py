@@ -149,15 +149,22 @@ def autograd_notes(graph: fx.Graph) -> tuple[str, ...]:
         )
     if regions := region_kinds(graph):
         notes.append(f"{', '.join(regions)} regions inside forward kept, never cut")
-    calls = {n.meta[USER_CHECKPOINT_META] for n in graph.nodes if USER_CHECKPOINT_META in n.meta}
-    if calls:
+    if calls := own_checkpoint_calls(graph):
         notes.append(
-            f"forward calls torch.utils.checkpoint itself ({len(calls)} "
-            f"{'call' if len(calls) == 1 else 'calls'}, use_reentrant=False): traced through, "
-            "so the plan decides what is recomputed, and the plain step's peak and time here are "
-            "the model's without those checkpoints"
+            f"forward calls torch.utils.checkpoint itself ({calls} "
+            f"{'call' if calls == 1 else 'calls'}, use_reentrant=False): traced through, "
+            "so the plan decides what is recomputed; the plain step's peak here is the model's "
+            "without those checkpoints, and its time too where the step is not timed"
         )
     return tuple(notes)
+
+
+def own_checkpoint_calls(graph: fx.Graph) -> int:
+    """How many non-reentrant torch.utils.checkpoint calls of the forward the graph traced
+    through (NOTE [Autograd in the traced graph])."""
+    return len(
+        {n.meta[USER_CHECKPOINT_META] for n in graph.nodes if USER_CHECKPOINT_META in n.meta}
+    )
 
 
 def cuts_inside_regions(compute_nodes: Sequence[fx.Node]) -> set[int]:

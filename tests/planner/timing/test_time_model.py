@@ -157,9 +157,13 @@ def test_timing_leaves_parameters_gradients_and_buffers_as_they_were():
 def test_the_fastest_timed_chunk_count_is_chosen_and_predicted(monkeypatch):
     model, inputs, traced, fake = mlp_with_fake_times(monkeypatch)
     # Timed whole (the sums say the plan adds nothing, so it is timed whole before the search
-    # stops), the plan takes what its pieces summed to: 0.2 s less than the plain step.
+    # stops), the plan takes what its pieces summed to: 0.2 s less than the plain step, which
+    # takes as long in those rounds as the stopwatch's plain step.
+    plain_s = 3.0 * len(traced.segments) + 0.5
     monkeypatch.setattr(
-        StepRunner, "seconds", lambda self, d, n=None: lambda: 1.0 if d is None else 0.8
+        StepRunner,
+        "seconds",
+        lambda self, d, n=None: lambda: plain_s if d is None else plain_s - 0.2,
     )
     unplanned = autockpt.plan(model, inputs, 10**12).unplanned_peak_bytes
     lowest = autockpt.plan(model, inputs, unplanned).minimum_feasible_bytes
