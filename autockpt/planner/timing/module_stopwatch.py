@@ -14,10 +14,11 @@ whole forward, loss and backward, on the batch's leading samples whose plain ste
 plain step takes under half of the host's free memory:
 
 - the plain step's seconds (:meth:`ModuleStopwatch.plain_step_s`, settled as a traced model's
-  is, and with the optimizer step timed the same way) are the plain step the plan reports and its
-  stages weigh a fit's added time against;
+  is, and with the optimizer step timed the same way) are what the search's stages weigh a fit's
+  added time against;
 - the plans that fit are timed whole side by side with the plain step (NOTE [Whole-plan timing]),
-  and the fastest is the plan, its timed overhead the predicted one.
+  and the fastest is the plan, its timed overhead the predicted one, reported beside the plain
+  step of the same rounds.
 
 A plan alone in the search is timed against the plain step too, where a traced model's sums would
 stand: the module chain has no timed sums. Where timing the real model fails (a model that refuses
