@@ -1451,6 +1451,15 @@ MUTATIONS = (
         "        builder.costs.unplanned_step_s()\n",
         ("tests/planner/timing/test_module_stopwatch.py",),
     ),
+    Mutation(
+        "whole-plan-timing-failure-ends-planning",
+        "a plan that fails to run whole (a model refusing a piece of its batch) ends planning "
+        "with the model's error instead of leaving the solver's sums",
+        "autockpt/planner/solve/staged_search.py",
+        "        except Exception as error:  # noqa: BLE001 - a plan that cannot be timed is estimated\n",
+        "        except ZeroDivisionError as error:\n",
+        ("tests/planner/timing/test_module_stopwatch.py",),
+    ),
 )
 
 

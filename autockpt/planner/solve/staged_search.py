@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from autockpt.errors import describe_error
 from autockpt.planner.core.step_budget import StepBudget
 from autockpt.planner.measure.step_measurer import StepMeasurer
 from autockpt.planner.measure.step_profile import LossFn, StepProfile
@@ -74,6 +75,8 @@ class StagedSearch:
         self.timed_costs = timed_costs
         self.notes = notes
         self.stages_reached = 0
+        self.timing_failed = False
+        """Whether running a plan whole failed; nothing is timed whole after that."""
         """How many of the widening stages the search ran (NOTE [One minimum])."""
         self.search = BudgetSearch(
             builder,
@@ -163,8 +166,9 @@ class StagedSearch:
                 whole = not runner.can_run(found[0])
                 if whole and not runner.fits_whole(found[1], self.usable_bytes):
                     break  # neither on the samples timed nor at the whole batch: the sums stand
-                optimizer_s = runner.stopwatch.optimizer_s()
-                stage_timed = fastest_of([found], runner, optimizer_s, at_whole_batch=whole)
+                stage_timed = self._timed([found], runner, at_whole_batch=whole)
+                if stage_timed is None:
+                    break  # timing failed: the sums stand
                 if stage_timed.extra_s <= WIDEN_PAST_SHARE * stage_timed.plain_s:
                     break
         return found, stage_timed
@@ -172,8 +176,27 @@ class StagedSearch:
     def _runner(self) -> StepRunner | None:
         """Runs plans whole on the real model, where plans are timed whole and timing has not
         failed."""
-        runs = self.timed_costs.whole_runs() if self.timed_costs is not None else None
+        if self.timing_failed or self.timed_costs is None:
+            return None
+        runs = self.timed_costs.whole_runs()
         return StepRunner(runs) if runs is not None else None
+
+    def _timed(
+        self, candidates: list[Fit], runner: StepRunner, *, at_whole_batch: bool
+    ) -> TimedChoice | None:
+        """:func:`fastest_of` the candidates, or ``None`` where running them fails (a model
+        that refuses a piece of its batch): the plan's notes say so, the sums stand and
+        nothing is timed whole again."""
+        try:
+            optimizer_s = runner.stopwatch.optimizer_s()
+            return fastest_of(candidates, runner, optimizer_s, at_whole_batch=at_whole_batch)
+        except Exception as error:  # noqa: BLE001 - a plan that cannot be timed is estimated
+            self.timing_failed = True
+            self.notes.append(
+                f"timing the plans whole failed ({describe_error(error)[:160]}): the solver's "
+                "sums stand for the plan's step time"
+            )
+            return None
 
     def _fastest_whole(
         self, runner: StepRunner, found: Fit, stage_timed: TimedChoice | None
@@ -201,8 +224,7 @@ class StagedSearch:
         # (NOTE [Timing a module chain]), nor against a model's own checkpointed step.
         sums_stand = self.timed_costs is not None and self.timed_costs.sums_stand
         if len(candidates) > 1 or (candidates and timed is None and (whole or not sums_stand)):
-            optimizer_s = runner.stopwatch.optimizer_s()
-            timed = fastest_of(candidates, runner, optimizer_s, at_whole_batch=whole)
+            timed = self._timed(candidates, runner, at_whole_batch=whole)
         if timed is not None:
             self.notes.append(timed.note)
         return timed

@@ -45,6 +45,8 @@ choice is made by timing:
   step took 1.6-3.4 s alternating with a chunked plan, 1.7-1.8 s settled), and the noise of a
   busy host only ever adds time. The plan's notes list every candidate's ratio to the plain
   step.
+- *Failure.* Where a run fails (a model that refuses a piece of its batch), nothing more is
+  timed whole: the solver's sums stand for the plan, and its notes say why.
 
 The optimizer step is the same for every plan and is not timed here.
 """

@@ -113,3 +113,28 @@ def test_a_module_chain_is_timed_on_a_copy_within_the_budget():
     assert plan.planning_peak_bytes >= 0.97 * counter.peak_bytes
     peak, _, _ = measured_step(model, inputs, plan)
     assert peak <= budget
+
+
+def test_a_plan_that_fails_to_run_whole_leaves_the_sums_and_says_so(monkeypatch):
+    """A model that refuses a piece of its batch (here: every plan, made to raise) is not a
+    planning error: the solver's sums stand, the notes say why, and the plan still fits."""
+    model, inputs = _model_and_batch()
+    unplanned = autockpt.plan(model, inputs, 10**12).unplanned_peak_bytes
+
+    def refused(
+        self: StepRunner, decision: Decision | None, samples: int | None = None
+    ) -> Callable[[], float]:
+        if decision is not None:
+            raise RuntimeError("expected 32 samples, got 13\nsecond line")
+        return lambda: 1.0
+
+    monkeypatch.setattr(StepRunner, "seconds", refused)
+    plan = autockpt.plan(model, inputs, unplanned // 2)
+    failed = [n for n in plan.notes if n.startswith("timing the plans whole failed")]
+    assert failed == [
+        "timing the plans whole failed (RuntimeError: expected 32 samples, got 13): the "
+        "solver's sums stand for the plan's step time"
+    ], plan.notes
+    assert not any(n.startswith("timed ") for n in plan.notes)
+    peak, _, _ = measured_step(model, inputs, plan)
+    assert plan.fits and peak <= unplanned // 2
