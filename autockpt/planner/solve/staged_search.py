@@ -75,9 +75,9 @@ class StagedSearch:
         self.timed_costs = timed_costs
         self.notes = notes
         self.stages_reached = 0
+        """How many of the widening stages the search ran (NOTE [One minimum])."""
         self.timing_failed = False
         """Whether running a plan whole failed; nothing is timed whole after that."""
-        """How many of the widening stages the search ran (NOTE [One minimum])."""
         self.search = BudgetSearch(
             builder,
             Profiles(measurer.kept, None),
