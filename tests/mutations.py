@@ -991,25 +991,43 @@ MUTATIONS = (
         "pattern-base-is-its-last-folder",
         "a glob pattern's files are looked for below its last folder, so a pattern with a "
         "wildcard in a folder's name (symbol=*/*.parquet) matches nothing",
-        "tft/data/sources/parquet_folder.py",
+        "tft/data/sources/data_source.py",
         '    return Path(*parts[:fixed]) if fixed else Path(".")\n',
         "    return path.parent\n",
         ("tests/tft/test_data_patterns.py",),
     ),
     Mutation(
-        "several-data-paths-take-the-first",
-        "several data paths (an unquoted pattern the shell expanded) train on the first file "
-        "alone, without a word",
-        "autockpt/cli/parser.py",
-        "    if len(paths) > 1:\n",
-        "    if False:\n",
-        ("tests/tft/test_data_patterns.py",),
+        "several-data-paths-read-the-first",
+        "several data paths (an unquoted pattern the shell expanded, or unrelated files) read "
+        "the first path's files alone, without a word",
+        "tft/data/sources/data_source.py",
+        "        for path in self.paths:\n",
+        "        for path in self.paths[:1]:\n",
+        ("tests/tft/test_several_paths.py",),
+    ),
+    Mutation(
+        "several-data-paths-cached-by-their-order",
+        "the same data paths given in another order are another dataset: a second row cache "
+        "built, and predict does not reuse the run's",
+        "tft/data/sources/data_source.py",
+        "        return DataSource(tuple(sorted({path.resolve() for path in self.paths})))\n",
+        "        return DataSource(tuple(path.resolve() for path in self.paths))\n",
+        ("tests/tft/test_several_paths.py",),
+    ),
+    Mutation(
+        "several-data-paths-keys-below-the-first",
+        "the hive keys of several paths are read below the first path's folder, so the shell's "
+        "expansion of bars/symbol=*/*.parquet loses its symbol column",
+        "tft/data/sources/data_source.py",
+        "        folders = [str(_folder_of(path).absolute()) for path in self.paths]\n",
+        "        folders = [str(_folder_of(path).absolute()) for path in self.paths[:1]] * 2\n",
+        ("tests/tft/test_several_paths.py",),
     ),
     Mutation(
         "bracketed-file-name-read-as-a-pattern",
         "a file whose name holds a bracket (bars[2024].parquet) is read as a glob pattern that "
         "matches nothing",
-        "tft/data/sources/parquet_folder.py",
+        "tft/data/sources/data_source.py",
         "    return _WILDCARD.search(str(path)) is not None and not path.exists()\n",
         "    return _WILDCARD.search(str(path)) is not None\n",
         ("tests/tft/test_data_patterns.py",),
@@ -1119,7 +1137,7 @@ MUTATIONS = (
         "chunk-error-names-the-folder",
         "a bad value in a streamed folder is named by the folder and a row of no file",
         "tft/data/streamed/file_scan.py",
-        "                yield Chunk(file, first, pa.Table.from_batches([batch]))\n",
+        "                yield Chunk(DataSource.of(file), first, pa.Table.from_batches([batch]))\n",
         "                yield Chunk(order.root, first, pa.Table.from_batches([batch]))\n",
         ("tests/tft/test_streamed_folder.py",),
     ),

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from autockpt.cli.commands import EXIT_INTERRUPTED, HANDLERS
 from autockpt.cli.console import make_console
-from autockpt.cli.parser import build_parser, one_data_path
+from autockpt.cli.parser import build_parser
 from autockpt.progress import showing_progress
 from autockpt.training.options.user_errors import USER_ERRORS
 
@@ -30,7 +30,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exit_.code) if isinstance(exit_.code, int) else EXIT_USER_ERROR
     handler = HANDLERS[args.command]
     try:
-        one_data_path(args)
         # Nothing prints a wait's progress but what a command shows on purpose (cli.console.waiting).
         with showing_progress(None):
             return int(handler(args, make_console()))

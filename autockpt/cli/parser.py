@@ -17,10 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
-from autockpt.errors import ConfigError
-
 _DATA_HELP = (
-    "Parquet file with the run's columns, a folder of them or a quoted pattern ('data/*.parquet')"
+    "Parquet file with the run's columns, a folder of them or a quoted pattern "
+    "('data/*.parquet'); several read as one"
 )
 _BUDGET_HELP = (
     "memory budget as nvidia-smi would show it: 4GB, 3.5GiB, 800MB (GB/MB powers of 10, "
@@ -77,30 +76,20 @@ CONFIG_KEYS = (
 )
 
 
-def one_data_path(args: argparse.Namespace) -> None:
-    """Make ``args.data`` the one data path given (None for none): several paths are what the
-    shell makes of an unquoted pattern, and a run is one dataset named by one path.
-
-    Raises:
-        ConfigError: several paths, naming how many and the two ways to name them as one.
-    """
-    paths: list[Path] | None = getattr(args, "data", None)
-    if not isinstance(paths, list):
-        return
-    if len(paths) > 1:
-        shown = " ".join(str(path) for path in paths[:2])
-        raise ConfigError(
-            f"{len(paths)} data paths given ({shown} ...): the shell expands an unquoted "
-            f"pattern into its files; pass one path: their folder ({paths[0].parent}/) or the "
-            f"pattern in quotes ('{paths[0].parent}/*{paths[0].suffix}')"
-        )
-    args.data = paths[0] if paths else None
+def _data_value(paths: list[Path] | None) -> Path | list[Path] | None:
+    """The data paths given as the config takes them: none, the one path, or the list of
+    several, read as one dataset (NOTE [Several data paths] in
+    :mod:`tft.data.sources.data_source`: the shell's expansion of an unquoted pattern is the
+    pattern's files)."""
+    if not paths:
+        return None
+    return paths[0] if len(paths) == 1 else paths
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The config fields the user gave on the command line (unset options are left out)."""
-    one_data_path(args)
     values = {key: getattr(args, key, None) for key in CONFIG_KEYS}
+    values["data"] = _data_value(values["data"])
     return {key: value for key, value in values.items() if value is not None}
 
 
@@ -115,7 +104,8 @@ def _add_model_options(parser: argparse.ArgumentParser, *, data: bool = True) ->
             nargs="*",
             type=Path,
             help="Parquet file of bars, a folder of them (hive folders' keys are columns) or a "
-            "quoted pattern ('data/*.parquet'); default: the bundled sample",
+            "quoted pattern ('data/*.parquet'); several read as one; default: the bundled "
+            "sample",
         )
     group = parser.add_argument_group("model and budget")
     group.add_argument(

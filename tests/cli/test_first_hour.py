@@ -18,6 +18,7 @@ from autockpt.cli import main
 from tests.cli.test_cli import assert_one_line
 from tft.data import role_inference
 from tft.data.columns import ColumnRoles
+from tft.data.sources.data_source import DataSource
 from tft.data.windows import load_windows
 from tft.errors import DataError
 
@@ -248,9 +249,11 @@ def test_a_text_time_column_is_found_and_a_date_or_a_label_is_not(tmp_path: Path
     dates = pa.array([value[:10] for value in table["ts"].to_pylist()])
     schema = table.append_column("day", dates).schema
     pq.write_table(table.append_column("day", dates), data)
-    settled = role_inference.infer_roles(data, schema, ColumnRoles(target="c", timezone="UTC"))
+    settled = role_inference.infer_roles(
+        DataSource.of(data), schema, ColumnRoles(target="c", timezone="UTC")
+    )
     assert settled.timestamp == "ts"  # not "day" (a date alone), "ticker" or "session"
     both = table.append_column("when", table["ts"])
     pq.write_table(both, data)
     with pytest.raises(DataError, match="--timestamp-column COLUMN"):  # two: asked for
-        role_inference.infer_roles(data, both.schema, ColumnRoles(target="c"))
+        role_inference.infer_roles(DataSource.of(data), both.schema, ColumnRoles(target="c"))

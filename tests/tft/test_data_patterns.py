@@ -1,7 +1,6 @@
 """A quoted glob pattern is one dataset, as a folder is (NOTE [A folder of files as one
 dataset]): the files it matches, hive keys read below its leading folder, in memory and
-streamed; several paths on the command line (the shell's expansion of an unquoted pattern)
-are refused in one line that says how to name them as one."""
+streamed. Several paths given together: tests/tft/test_several_paths.py."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import pytest
 
 from autockpt.cli import main
 from tests.tft.test_parquet_folder import WINDOW, assert_same_windows, write_folder
-from tft.data.sources.parquet_folder import folder_files, is_pattern, pattern_base
+from tft.data.sources.data_source import DataSource, is_pattern, pattern_base
 from tft.data.streamed.streamed_windows import stream_windows
 from tft.data.windows import load_windows
 from tft.errors import DataError
@@ -47,7 +46,7 @@ def test_a_pattern_reads_the_files_it_matches_with_the_folders_keys(
     # A part of the folder: the same rows as a folder holding only those files.
     late = folder / "symbol=*" / f"{LATE_DAYS}.parquet"
     alone = _late_days_alone(sample_parquet, tmp_path / "late")
-    assert len(folder_files(late)) == len(folder_files(alone)) == 10
+    assert len(DataSource.of(late).files()) == len(DataSource.of(alone).files()) == 10
     assert_same_windows(load_windows(alone, **WINDOW), load_windows(late, **WINDOW))
     roles = {column.name: column.role for column in load_windows(late, **WINDOW).columns}
     assert roles["symbol"] == "symbol"  # the key of the folders below the pattern's base
@@ -97,18 +96,3 @@ def test_train_takes_a_pattern_and_a_resume_reads_it_again(
     assert main(["train", "--resume", str(tmp_path / "pattern"), "--epochs", "2", "--quiet"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["step"] for line in lines if line.get("kind") == "step"] == [3, 4]
-
-
-def test_several_paths_are_refused_in_one_line_and_nothing_is_written(
-    sample_parquet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    folder = write_folder(sample_parquet, tmp_path / "bars")
-    days = [str(path) for path in sorted((folder / "symbol=ES").iterdir())]
-    out = tmp_path / "run"
-    assert main(["train", *days, "--preset", "tiny", "--out", str(out)]) == 2
-    error = capsys.readouterr().err
-    assert error.count("\n") == 1 and f"{len(days)} data paths given" in error
-    assert f"'{folder / 'symbol=ES'}/*.parquet'" in error  # the pattern in quotes
-    assert not out.exists()
-    assert main(["plan", *days[:2], "--preset", "tiny"]) == 2
-    assert "2 data paths given" in capsys.readouterr().err

@@ -14,13 +14,12 @@ is not a category, and its embedding would dwarf the model.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tft.data.columns import _error, how_to_name
+from tft.data.sources.data_source import DataSource
 
 __all__ = [
     "MAX_CATEGORIES",
@@ -42,7 +41,7 @@ def category_text(table: pa.Table, name: str) -> pa.ChunkedArray:
     return column.cast(pa.string())
 
 
-def fit_categories(path: Path, name: str, text: pa.ChunkedArray | pa.Array) -> list[str]:
+def fit_categories(path: DataSource, name: str, text: pa.ChunkedArray | pa.Array) -> list[str]:
     """The sorted distinct non-null values of ``text`` (a column's training rows).
 
     Raises:

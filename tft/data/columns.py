@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -21,7 +20,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
-from tft.data.sources.parquet_folder import folder_schema, footer, many_files, read_folder
+from tft.data.sources.data_source import DataSource
+from tft.data.sources.parquet_folder import folder_schema, footer, read_folder
 from tft.errors import DataError
 
 __all__ = ["NO_SYMBOL", "ColumnRoles"]
@@ -107,7 +107,7 @@ class ColumnRoles(BaseModel):
 # ---------------------------------------------------------------------------- reading
 
 
-def _error(path: Path, text: str) -> DataError:
+def _error(path: DataSource, text: str) -> DataError:
     return DataError(f"{path}: {' '.join(text.split())}")
 
 
@@ -117,13 +117,13 @@ def _columns_hint(schema: pa.Schema) -> str:
     return f"the file has {shown}"
 
 
-def _read_schema(path: Path) -> pa.Schema:
-    if many_files(path):  # NOTE [A folder of files as one dataset]
+def _read_schema(path: DataSource) -> pa.Schema:
+    if path.many:  # NOTE [A folder of files as one dataset]
         return folder_schema(path)
-    if not path.exists():
+    if not path.file.exists():
         raise _error(path, "no such file; check the path or write one with `autockpt make-data`")
     try:
-        return footer(path).schema.to_arrow_schema()
+        return footer(path.file).schema.to_arrow_schema()
     except (pa.ArrowException, OSError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise _error(
@@ -166,7 +166,7 @@ ConstantWithinSymbols = Callable[[str, "str | None"], bool]
 
 
 def _resolve_roles(
-    path: Path, schema: pa.Schema, roles: ColumnRoles, is_constant: ConstantWithinSymbols
+    path: DataSource, schema: pa.Schema, roles: ColumnRoles, is_constant: ConstantWithinSymbols
 ) -> ColumnRoles:
     """Check the roles against the file and fill in every automatic role.
 
@@ -263,7 +263,7 @@ def _resolve_roles(
 
 
 def _check_one_role_each(
-    path: Path, roles: ColumnRoles, symbol: str | None, observed: list[str], static: list[str]
+    path: DataSource, roles: ColumnRoles, symbol: str | None, observed: list[str], static: list[str]
 ) -> None:
     """No column listed twice in one role, nor given two roles."""
     for role, names in (("known", roles.known), ("observed", observed), ("static", static)):
@@ -293,7 +293,7 @@ def _check_one_role_each(
 
 
 def _categorical_columns(
-    path: Path, schema: pa.Schema, roles: ColumnRoles, used: list[str], static: list[str]
+    path: DataSource, schema: pa.Schema, roles: ColumnRoles, used: list[str], static: list[str]
 ) -> list[str]:
     """The used columns embedded as categories: those named so, the static ones, and every
     text and boolean column; an integer column named categorical must have a role."""
@@ -331,13 +331,13 @@ def _roles_difference(file_roles: ColumnRoles, fitted: ColumnRoles) -> str:
     raise AssertionError("roles differ in no field")
 
 
-def _read_table(path: Path, columns: list[str]) -> pa.Table:
+def _read_table(path: DataSource, columns: list[str]) -> pa.Table:
     """The columns of a file, or of a folder's files with a column naming each row's file
     (NOTE [A folder of files as one dataset])."""
-    if many_files(path):
+    if path.many:
         return read_folder(path, columns)
     try:
-        table = pq.read_table(path, columns=columns)
+        table = pq.read_table(path.file, columns=columns)
     except (pa.ArrowException, OSError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise _error(
@@ -357,7 +357,7 @@ def _iso(time_ns: int) -> str:
 
 
 def _symbol_codes(
-    path: Path, table: pa.Table, name: str | None, known_symbols: list[str] | None
+    path: DataSource, table: pa.Table, name: str | None, known_symbols: list[str] | None
 ) -> tuple[np.ndarray, list[str]]:
     """(per-row symbol index, symbol names); names are sorted unless given by a normalizer."""
     if name is None:
@@ -373,7 +373,9 @@ def _symbol_codes(
     return codes.to_numpy().astype(np.int64), symbols
 
 
-def check_symbols_known(path: Path, name: str | None, present: list[str], known: list[str]) -> None:
+def check_symbols_known(
+    path: DataSource, name: str | None, present: list[str], known: list[str]
+) -> None:
     """Raise naming the first symbol of ``present`` the training data (``known``) lacked."""
     unknown = [symbol for symbol in present if symbol not in known]
     if unknown:
@@ -385,7 +387,7 @@ def check_symbols_known(path: Path, name: str | None, present: list[str], known:
 
 
 def _check_order(
-    path: Path,
+    path: DataSource,
     time_ns: np.ndarray,
     codes: np.ndarray,
     file_rows: np.ndarray,
@@ -418,7 +420,7 @@ def _check_order(
 
 
 def _check_finite(
-    path: Path, name: str, values: np.ndarray, file_rows: np.ndarray, *, whole: bool = True
+    path: DataSource, name: str, values: np.ndarray, file_rows: np.ndarray, *, whole: bool = True
 ) -> None:
     """Every value finite, else one line with how many are not and the first such row.
     ``whole``: ``values`` are the file's rows, not one chunk of them (the count says which)."""

@@ -19,7 +19,6 @@ starts after the training period) gets the statistics of all training rows.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -28,6 +27,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from tft.data.columns import ColumnRoles, _check_finite, _error, _float_column
+from tft.data.sources.data_source import DataSource
 from tft.errors import DataError
 
 __all__ = ["Normalizer", "Scale"]
@@ -153,7 +153,7 @@ class Normalizer(BaseModel):
 
 
 def _transform_target(
-    path: Path,
+    path: DataSource,
     name: str,
     transform: str,
     values: np.ndarray,
@@ -209,7 +209,7 @@ def _mean_std(values: np.ndarray) -> tuple[float, float]:
 
 
 def _scale_columns(
-    path: Path,
+    path: DataSource,
     table: pa.Table,
     names: list[str],
     rows: tuple[np.ndarray, np.ndarray, np.ndarray],

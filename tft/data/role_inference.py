@@ -27,7 +27,6 @@ A role the user named is never replaced: only defaults are.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,7 +44,8 @@ from tft.data.columns import (
     _usable,
     how_to_name,
 )
-from tft.data.sources.parquet_folder import first_rows, footer, source_files
+from tft.data.sources.data_source import DataSource
+from tft.data.sources.parquet_folder import first_rows, footer
 from tft.data.timestamps import epoch_unit, timestamp_type_problem
 from tft.errors import DataError
 
@@ -57,7 +57,7 @@ SAMPLE_ROWS = 200_000
 TEXT_TIME_ROWS = 1000
 
 
-def infer_roles(path: Path, schema: pa.Schema, roles: ColumnRoles) -> ColumnRoles:
+def infer_roles(path: DataSource, schema: pa.Schema, roles: ColumnRoles) -> ColumnRoles:
     """``roles`` with the timestamp and symbol the file settles filled in where the user named
     none (NOTE [Roles the file settles]).
 
@@ -105,7 +105,7 @@ def symbol_hint(schema: pa.Schema, roles: ColumnRoles) -> str:
 
 
 def _symbol_by_repeats(
-    path: Path, schema: pa.Schema, timestamp: str, roles: ColumnRoles
+    path: DataSource, schema: pa.Schema, timestamp: str, roles: ColumnRoles
 ) -> str | None:
     texts = [
         f.name for f in schema if _is_text(f.type) and f.name not in (timestamp, *roles.ignore)
@@ -155,7 +155,7 @@ def _same_groups(sample: pa.Table, first: str, other: str) -> bool:
     return groups([first]) == groups([other]) == groups([first, other])
 
 
-def _text_times(path: Path, schema: pa.Schema) -> list[str]:
+def _text_times(path: DataSource, schema: pa.Schema) -> list[str]:
     """The text columns whose first values all read as ISO 8601 times (NOTE [Roles the file
     settles])."""
     texts = [field.name for field in schema if _is_text(field.type)]
@@ -182,11 +182,11 @@ def _reads_as_times(values: pa.Array) -> bool:
     return False
 
 
-def _first_and_last(path: Path, name: str) -> pa.ChunkedArray:
+def _first_and_last(path: DataSource, name: str) -> pa.ChunkedArray:
     """The smallest and largest values of an integer column, from the file's statistics where
     it keeps them, else from its first rows."""
     ends: list[int] | None = []
-    for file in source_files(path):  # a folder's files each keep their own statistics
+    for file in path.files():  # a folder's files each keep their own statistics
         ends = _statistics_ends(pq.ParquetFile(file, metadata=footer(file)), name, ends)
         if ends is None:
             break
@@ -212,7 +212,7 @@ def _statistics_ends(
     return ends
 
 
-def _check_named_columns(path: Path, schema: pa.Schema, roles: ColumnRoles) -> None:
+def _check_named_columns(path: DataSource, schema: pa.Schema, roles: ColumnRoles) -> None:
     problems: list[str] = []
 
     def lacking(name: str, role: str, option: str) -> bool:

@@ -9,7 +9,6 @@ array per role (NOTE [Rows, windows and splits] in :mod:`tft.data.windows`), fit
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +18,7 @@ from tft.data.column_table import CALENDAR_INPUTS
 from tft.data.columns import ColumnRoles
 from tft.data.normalize import Normalizer, Scale, _scale_columns, fit_scale
 from tft.data.row_files import RowFiles
+from tft.data.sources.data_source import DataSource
 
 __all__ = ["InputEncoder", "Rows"]
 
@@ -63,7 +63,7 @@ class InputEncoder:
 
     def __init__(
         self,
-        path: Path,
+        path: DataSource,
         table: pa.Table,
         roles: ColumnRoles,
         symbols: list[str],

@@ -21,12 +21,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import numpy as np
 
 from tft.data.columns import _error
+from tft.data.sources.data_source import DataSource
 from tft.errors import ConfigError, DataError
 
 __all__ = [
@@ -142,7 +142,7 @@ def time_text(time_ns: int) -> str:
 
 
 def cut_points(
-    path: Path,
+    path: DataSource,
     distinct_times: np.ndarray,
     fractions: Sequence[float] | None,
     starts_ns: tuple[int, int] | None,
@@ -155,7 +155,7 @@ def cut_points(
 
 
 def _dated_cuts(
-    path: Path, distinct_times: np.ndarray, starts_ns: tuple[int, int]
+    path: DataSource, distinct_times: np.ndarray, starts_ns: tuple[int, int]
 ) -> tuple[int, int]:
     """The cut points of a split by dates, checked to leave each part some of the file's time
     (NOTE [A split by shares or by dates]).
@@ -254,7 +254,7 @@ def window_runs(
 
 
 def too_short(
-    path: Path,
+    path: DataSource,
     split: str | None,
     longest: int,
     encoder_length: int,
@@ -281,7 +281,7 @@ def too_short(
 
 
 def split_windows(
-    path: Path,
+    path: DataSource,
     time_ns: np.ndarray,
     symbol_bounds: np.ndarray,
     cuts: tuple[int, int],
@@ -308,7 +308,7 @@ def split_windows(
 
 
 def part_windows(
-    path: Path,
+    path: DataSource,
     time_ns: np.ndarray,
     symbol_bounds: np.ndarray,
     distinct_times: np.ndarray,

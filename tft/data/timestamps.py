@@ -20,7 +20,6 @@ of two bars an ambiguous minute was is not in the file.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -28,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tft.data.columns import ColumnRoles, _error, _is_text, how_to_name
+from tft.data.sources.data_source import DataSource
 
 __all__ = ["EPOCH_UNITS", "epoch_unit", "read_times", "timestamp_type_problem"]
 
@@ -50,7 +50,7 @@ def timestamp_type_problem(name: str, kind: pa.DataType) -> str | None:
 
 
 def read_times(
-    path: Path, column: pa.ChunkedArray, roles: ColumnRoles, first_row: int = 0
+    path: DataSource, column: pa.ChunkedArray, roles: ColumnRoles, first_row: int = 0
 ) -> np.ndarray:
     """The column's times as int64 nanoseconds since the epoch in UTC (NOTE [Timestamps as
     exports store them]); a null is refused naming its row. ``first_row``: the file row of the
@@ -85,7 +85,7 @@ def read_times(
     return as_ns.cast(pa.int64()).to_numpy()
 
 
-def epoch_unit(path: Path, column: pa.ChunkedArray, name: str) -> EpochUnit:
+def epoch_unit(path: DataSource, column: pa.ChunkedArray, name: str) -> EpochUnit:
     """The unit whose range of years holds the column's first and last values."""
     ends = [column[0].as_py(), column[-1].as_py()]
     low, high = _SECONDS_RANGE
@@ -101,7 +101,9 @@ def epoch_unit(path: Path, column: pa.ChunkedArray, name: str) -> EpochUnit:
     )
 
 
-def _parsed_text(path: Path, text: pa.ChunkedArray, name: str, first_row: int) -> pa.ChunkedArray:
+def _parsed_text(
+    path: DataSource, text: pa.ChunkedArray, name: str, first_row: int
+) -> pa.ChunkedArray:
     # Arrow reads ISO 8601 without an offset as a naive time and with one (Z, +01:00) as UTC;
     # each kind refuses the other, so each row is cast as the kind its text says.
     zoned = pc.match_substring_regex(text, r"(Z|[+-]\d\d:?\d\d)$").to_numpy(zero_copy_only=False)
@@ -121,7 +123,7 @@ def _parsed_text(path: Path, text: pa.ChunkedArray, name: str, first_row: int) -
 
 
 def _refuse_unreadable(
-    path: Path,
+    path: DataSource,
     text: pa.ChunkedArray,
     name: str,
     kind: pa.DataType,
@@ -157,7 +159,7 @@ def _first_unreadable(text: pa.ChunkedArray, kind: pa.DataType) -> int:
     return low
 
 
-def _in_zone(path: Path, column: pa.ChunkedArray, roles: ColumnRoles) -> pa.ChunkedArray:
+def _in_zone(path: DataSource, column: pa.ChunkedArray, roles: ColumnRoles) -> pa.ChunkedArray:
     """Naive times read on the clock of ``roles.timezone``."""
     zone = roles.timezone
     try:

@@ -48,10 +48,8 @@ at decoder step ``h`` (0-based) is the row ``h + 1`` steps after the last encode
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -78,6 +76,7 @@ from tft.data.normalize import Normalizer, _transform_target
 from tft.data.role_inference import infer_roles, symbol_hint
 from tft.data.row_files import RowFiles
 from tft.data.rows import InputEncoder, Rows
+from tft.data.sources.data_source import DataPaths, DataSource
 from tft.data.sources.parquet_folder import bar_order
 from tft.data.splits import (
     SplitTimes,
@@ -285,7 +284,7 @@ def iterate_batches(
 
 
 def load_windows(
-    path: str | os.PathLike[str],
+    path: DataPaths,
     *,
     roles: ColumnRoles | None = None,
     encoder_length: int,
@@ -300,7 +299,8 @@ def load_windows(
     split rule.
 
     Args:
-        path: Parquet file; only the columns the roles need are read.
+        path: Parquet file, a folder of them, a quoted pattern or several of these (NOTE
+            [Several data paths]); only the columns the roles need are read.
         roles: column roles; None uses the defaults, or the normalizer's roles when one is given.
         encoder_length: past rows the model sees (Te).
         horizon: rows forecast after them (Td).
@@ -329,7 +329,7 @@ def load_windows(
         batch.encoder_observed.shape  # (3, 120, data.num_observed)
         prediction = model(*batch.inputs())
     """
-    path = Path(path)
+    path = DataSource.of(path)
     check_window_options(encoder_length, horizon, split_fractions, split_times)
     schema = _read_schema(path)
     roles = roles if roles is not None else normalizer.roles if normalizer else ColumnRoles()

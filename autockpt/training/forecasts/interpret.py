@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from autockpt.training.forecasts.predict import DEFAULT_BATCH_SIZE, TrainedOnFile
+from tft.data.sources.data_source import DataPaths
 from tft.data.windows import WindowedData, iterate_batches
 
 
@@ -72,7 +73,7 @@ def input_names(data: WindowedData) -> tuple[list[str], list[str], list[str]]:
 
 def interpret(
     run_dir: str | Path,
-    data: str | Path,
+    data: DataPaths,
     *,
     device: str = "auto",
     batch_size: int | None = None,

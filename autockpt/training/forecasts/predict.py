@@ -28,6 +28,7 @@ from autockpt.training.options.data_source import read_windows
 from autockpt.training.options.settings import resolve_device
 from autockpt.training.setup.runs import BEST_FILE, RunFolder, write_atomic
 from tft.data.normalize import Normalizer
+from tft.data.sources.data_source import DataPaths, DataSource
 from tft.data.windows import WindowDataset, WindowedData, iterate_batches
 from tft.model.config import TFTConfig
 from tft.model.transformer import TemporalFusionTransformer
@@ -86,7 +87,7 @@ class TrainedOnFile:
     def load(
         cls,
         run_dir: str | Path,
-        data: str | Path,
+        data: DataPaths,
         device: str,
         *,
         max_host_memory: str | None = None,
@@ -106,11 +107,12 @@ class TrainedOnFile:
             saved = settings.get("max_host_memory")
             max_host_memory = saved if isinstance(saved, str) else DEFAULT_MAX_HOST_MEMORY
         run_cache = settings.get("data_cache")
-        same_file = (
-            settings.get("data") and Path(settings["data"]).resolve() == Path(data).resolve()
+        run_data = settings.get("data")
+        same_file = run_data is not None and (
+            DataSource.of(run_data).resolved() == DataSource.of(data).resolved()
         )
         windows, note = read_windows(
-            Path(data),
+            data,
             roles=None,
             encoder_length=config.encoder_length,
             horizon=config.horizon,
@@ -148,7 +150,7 @@ def load_trained_model(
 
 def predict(
     run_dir: str | Path,
-    data: str | Path,
+    data: DataPaths,
     output: str | Path,
     *,
     device: str = "auto",

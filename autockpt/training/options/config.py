@@ -40,9 +40,10 @@ class TrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    data: Path | None = None
-    """Parquet file of bars, or a folder of them read as one (NOTE [A folder of files as one
-    dataset]); unset means the bundled sample examples/data/sample.parquet."""
+    data: Path | list[Path] | None = None
+    """Parquet file of bars, a folder of them or a pattern read as one (NOTE [A folder of files
+    as one dataset]), or a list of such paths read as one (NOTE [Several data paths]); unset
+    means the bundled sample examples/data/sample.parquet."""
     preset: str = "small"
     """model size, one of tiny, small, tft-225; tiny trains on a laptop CPU in seconds."""
     epochs: int = 10
@@ -145,6 +146,13 @@ class TrainConfig(BaseModel):
     def _at_least_one(cls, value: int | None) -> int | None:
         if value is not None and value < 1:
             raise ValueError("must be at least 1")
+        return value
+
+    @field_validator("data")
+    @classmethod
+    def _some_data(cls, value: Path | list[Path] | None) -> Path | list[Path] | None:
+        if isinstance(value, list) and not value:
+            raise ValueError("is an empty list; name a path, or leave it unset for the sample")
         return value
 
     @field_validator("seed")

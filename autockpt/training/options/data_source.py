@@ -10,6 +10,7 @@ from autockpt.errors import BudgetError, ConfigError
 from autockpt.progress import report_progress
 from tft.data.columns import ColumnRoles
 from tft.data.normalize import Normalizer
+from tft.data.sources.data_source import DataPaths, DataSource
 from tft.data.streamed.row_cache import cache_folder, remove_stale_builds
 from tft.data.streamed.streamed_windows import in_memory_bytes, stream_windows
 from tft.data.windows import WindowedData, load_windows
@@ -21,7 +22,7 @@ CACHE_FOLDER = "data-cache"
 
 
 def read_windows(
-    path: Path,
+    path: DataPaths,
     *,
     roles: ColumnRoles | None,
     encoder_length: int,
@@ -52,6 +53,7 @@ def read_windows(
         raise ConfigError(
             f"--max-host-memory {max_host_memory!r} is not a size; write it like 1GB, 800MB or 2GiB"
         ) from None
+    path = DataSource.of(path)
     split_fractions = split if split is None or len(split) == 3 else None
     split_times = split if split is not None and len(split) == 2 else None
     needed = in_memory_bytes(path)

@@ -20,6 +20,7 @@ from autockpt import Budget, OptimizerFactory, Parallelism, parse_budget
 from autockpt.errors import DataError, DeviceError
 from autockpt.training.options.config import TrainConfig
 from tft.data.columns import ColumnRoles
+from tft.data.sources.data_source import DataSource
 
 #: The bundled sample, found from the source tree (``train`` and ``demo`` without a file).
 SAMPLE_DATA = Path(__file__).resolve().parents[3] / "examples" / "data" / "sample.parquet"
@@ -71,16 +72,17 @@ def run_optimizer(
     )
 
 
-def resolve_data_path(config: TrainConfig) -> tuple[Path, str | None]:
-    """The data file and, when it is the bundled sample, a note saying so."""
+def resolve_data_path(config: TrainConfig) -> tuple[DataSource, str | None]:
+    """The data (a file, a folder, a pattern or several paths) and, when it is the bundled
+    sample, a note saying so."""
     if config.data is not None:
-        return config.data, None
+        return DataSource.of(config.data), None
     if not SAMPLE_DATA.is_file():
         raise DataError(
             f"no data file given and the bundled sample {SAMPLE_DATA} is missing; pass a "
             "Parquet file, or make one with `autockpt make-data bars.parquet --days 15`"
         )
-    return SAMPLE_DATA, f"no data file given: using the bundled sample {SAMPLE_DATA}"
+    return DataSource.of(SAMPLE_DATA), f"no data file given: using the bundled sample {SAMPLE_DATA}"
 
 
 def column_roles(config: TrainConfig) -> ColumnRoles:

@@ -13,7 +13,6 @@ import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,6 +47,7 @@ from autockpt.training.options.settings import (
 from autockpt.training.setup.baselines import NaiveForecasts
 from autockpt.training.setup.planning import make_plan
 from tft.data.normalize import Normalizer
+from tft.data.sources.data_source import DataSource
 from tft.data.windows import WindowedData
 from tft.model.config import TFTConfig, get_preset
 from tft.model.loss import QuantileLoss
@@ -61,7 +61,7 @@ class Setup:
     config: TrainConfig
     device: torch.device
     autocast_dtype: torch.dtype | None
-    data_path: Path
+    data_source: DataSource
     data: WindowedData
     model_config: TFTConfig
     model: TemporalFusionTransformer
@@ -144,12 +144,12 @@ def prepare(
     budget = resolve_budget(config.vram_budget, device)
     if budget is not None and budget_of_plain is not None:
         raise ValueError("budget_of_plain is for a config without a budget")
-    data_path, note = resolve_data_path(config)
+    data_source, note = resolve_data_path(config)
     preset = get_preset(config.preset)
     data, streamed = main_first(
         world,
         lambda: read_windows(
-            data_path,
+            data_source,
             roles=column_roles(config) if normalizer is None else None,
             encoder_length=config.encoder_length or preset.encoder_length,
             horizon=config.horizon or preset.horizon,
@@ -160,7 +160,7 @@ def prepare(
             runs_root=(config.out or default_run_dir(config)).parent,
         ),
     )
-    model_config = _model_config(preset, data, config, world, data_path)
+    model_config = _model_config(preset, data, config, world, data_source)
     seed_everything(config.seed)
     model = TemporalFusionTransformer(model_config).to(device)
     loss_fn = QuantileLoss(model_config.quantiles)
@@ -203,7 +203,7 @@ def prepare(
         config=config,
         device=device,
         autocast_dtype=autocast_dtype,
-        data_path=data_path,
+        data_source=data_source,
         data=data,
         model_config=model_config,
         model=model,
@@ -260,7 +260,11 @@ def _planned_as_tuned(
 
 
 def _model_config(
-    preset: TFTConfig, data: WindowedData, config: TrainConfig, world: World, data_path: Path
+    preset: TFTConfig,
+    data: WindowedData,
+    config: TrainConfig,
+    world: World,
+    data_source: DataSource,
 ) -> TFTConfig:
     """The preset fitted to the data's columns and the run's settings, its batch checked
     against the training windows of every rank."""
@@ -278,7 +282,7 @@ def _model_config(
     if len(data.train) < model_config.batch_size * world.world_size:
         ranks = f" x {world.world_size} ranks" if world.is_distributed else ""
         raise DataError(
-            f"{data_path}: {len(data.train)} training windows are fewer than the batch size "
+            f"{data_source}: {len(data.train)} training windows are fewer than the batch size "
             f"{model_config.batch_size}{ranks}; lower --batch-size or use a longer file"
         )
     return model_config

@@ -330,7 +330,7 @@ def start_run(
     resolved = setup.config.model_copy(
         update={
             "out": out,
-            "data": setup.data_path.resolve(),
+            "data": setup.data_source.config_value(),
             "data_cache": cache.resolve() if cache is not None else None,
         }
     )

@@ -19,8 +19,10 @@ it, because the dataset API alone gets three things wrong for bars:
   bar keeps the single file's message. A file that is not Parquet among good ones is named.
 A glob pattern (``'data/*.parquet'``, ``'bars/symbol=*/2024-*.parquet'``: quoted, so the shell
 leaves it alone) is a folder too: the files it matches, named from its leading folder without
-wildcards, whose hive keys are read as a folder's are (:func:`pattern_base`). A path that
-exists as written is never a pattern, whatever characters its name holds.
+wildcards, whose hive keys are read as a folder's are
+(:func:`tft.data.sources.data_source.pattern_base`). A path that exists as written is never a
+pattern, whatever characters its name holds. Several paths given together are one dataset
+too (NOTE [Several data paths] in :mod:`tft.data.sources.data_source`).
 A folder whose rows fit ``--max-host-memory`` is read into memory and sorted there; a larger
 one is streamed through the row cache a file at a time (:func:`file_batches`), in an order
 where each symbol's bars follow one another in time (NOTE [Streaming a folder in time order]
@@ -30,7 +32,6 @@ in :mod:`tft.data.streamed.read_order`).
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +40,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from tft.data.sources.data_source import DataSource
 from tft.errors import DataError
 
 __all__ = [
@@ -48,50 +50,15 @@ __all__ = [
     "file_batches",
     "first_rows",
     "folder_bytes",
-    "folder_files",
     "folder_schema",
     "footer",
-    "is_pattern",
-    "many_files",
-    "name_in",
-    "pattern_base",
     "read_folder",
     "shared_bar",
-    "source_files",
 ]
 
 FILE_COLUMN = "__file"
-"""The column :func:`read_folder` adds: the index, in :func:`folder_files`, of each row's file."""
-
-
-_WILDCARD = re.compile(r"[*?[]")
-
-
-def is_pattern(path: Path) -> bool:
-    """Whether ``path`` is a glob pattern: it holds ``*``, ``?`` or ``[`` and no file or
-    folder has that name (NOTE [A folder of files as one dataset])."""
-    return _WILDCARD.search(str(path)) is not None and not path.exists()
-
-
-def many_files(path: Path) -> bool:
-    """Whether a data path names several files: a folder or a glob pattern."""
-    return is_pattern(path) or path.is_dir()
-
-
-def pattern_base(path: Path) -> Path:
-    """The folder a data path's files are named from and its hive keys start below: a
-    pattern's leading parts without wildcards (``.`` where the first part has one); else
-    ``path``."""
-    if not is_pattern(path):
-        return path
-    parts = path.parts
-    fixed = next(i for i, part in enumerate(parts) if _WILDCARD.search(part))
-    return Path(*parts[:fixed]) if fixed else Path(".")
-
-
-def name_in(path: Path, file: Path) -> Path:
-    """``file`` as the messages name it: relative to the folder (or pattern) ``path``."""
-    return file.relative_to(pattern_base(path))
+"""The column :func:`read_folder` adds: the index, in ``DataSource.files()``, of each row's
+file."""
 
 
 def footer(path: Path) -> pq.FileMetaData:
@@ -112,40 +79,8 @@ def _footer_of(path: str, size_bytes: int, mtime_ns: int) -> pq.FileMetaData:
     return pq.read_metadata(path)
 
 
-def _error(path: Path, text: str) -> DataError:
+def _error(path: object, text: str) -> DataError:
     return DataError(f"{path}: {' '.join(text.split())}")
-
-
-def folder_files(folder: Path) -> list[Path]:
-    """The data files of a folder, or those a pattern matches, sorted by path (NOTE [A folder
-    of files as one dataset]).
-
-    Raises:
-        DataError: the folder holds no file at all, or the pattern matches none.
-    """
-    base = pattern_base(folder)
-    if is_pattern(folder):
-        relative = Path(*folder.parts[len(base.parts) :])
-        candidates = list(base.glob(str(relative))) if base.is_dir() else []
-    else:
-        candidates = list(folder.rglob("*"))
-    files = sorted(
-        path
-        for path in candidates
-        if path.is_file()
-        and not any(part.startswith((".", "_")) for part in path.relative_to(base).parts)
-    )
-    if not files and is_pattern(folder):
-        raise _error(
-            folder,
-            "matches no data file; check the pattern (quote it, so the shell passes it as "
-            "written), or pass the folder of Parquet files",
-        )
-    if not files:
-        raise _error(
-            folder, "is a folder with no data files in it; pass a folder of Parquet files of bars"
-        )
-    return files
 
 
 def _partitioning() -> ds.Partitioning | ds.PartitioningFactory:
@@ -154,18 +89,18 @@ def _partitioning() -> ds.Partitioning | ds.PartitioningFactory:
     return ds.HivePartitioning.discover(infer_dictionary=False)
 
 
-def _dataset(folder: Path, files: list[Path], schema: pa.Schema) -> ds.Dataset:
-    """``files`` of ``folder`` read with the folder's unified ``schema`` and its hive keys."""
+def _dataset(source: DataSource, files: list[Path], schema: pa.Schema) -> ds.Dataset:
+    """``files`` of ``source`` read with its unified ``schema`` and its hive keys."""
     return ds.dataset(
         [str(path) for path in files],
         schema=schema,
         format="parquet",
         partitioning=_partitioning(),
-        partition_base_dir=str(pattern_base(folder)),
+        partition_base_dir=str(source.base),
     )
 
 
-def _file_schemas(folder: Path, files: list[Path]) -> list[pa.Schema]:
+def _file_schemas(source: DataSource, files: list[Path]) -> list[pa.Schema]:
     schemas = []
     for path in files:
         try:
@@ -173,22 +108,22 @@ def _file_schemas(folder: Path, files: list[Path]) -> list[pa.Schema]:
         except (pa.ArrowException, OSError) as error:
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise _error(
-                folder,
-                f"{name_in(folder, path)} cannot be read as Parquet ({reason}); move it out "
+                source,
+                f"{source.name_of(path)} cannot be read as Parquet ({reason}); move it out "
                 "of the folder or replace it with the Parquet file it should be",
             ) from None
     return schemas
 
 
-def folder_schema(folder: Path) -> pa.Schema:
-    """The columns of every file of ``folder`` unified, with its hive keys as columns.
+def folder_schema(source: DataSource) -> pa.Schema:
+    """The columns of every file of ``source`` unified, with its hive keys as columns.
 
     Raises:
         DataError: a file that is not Parquet, a column whose types cannot be unified (naming
             both files), a hive key that is also a column in the files.
     """
-    files = folder_files(folder)
-    schemas = _file_schemas(folder, files)
+    files = source.files()
+    schemas = _file_schemas(source, files)
     unified = schemas[0]
     first_with: dict[str, Path] = {field.name: files[0] for field in schemas[0]}
     for path, schema in zip(files[1:], schemas[1:], strict=True):
@@ -202,33 +137,33 @@ def folder_schema(folder: Path) -> pa.Schema:
                 except (pa.ArrowTypeError, pa.ArrowInvalid):
                     before = first_with[field.name]
                     raise _error(
-                        folder,
+                        source,
                         f"column '{field.name}' is {unified.field(field.name).type} in "
-                        f"{name_in(folder, before)} and {field.type} in "
-                        f"{name_in(folder, path)}; write it with one type in every file",
+                        f"{source.name_of(before)} and {field.type} in "
+                        f"{source.name_of(path)}; write it with one type in every file",
                     ) from None
             else:
                 first_with[field.name] = path
         unified = pa.unify_schemas([unified, schema], promote_options="permissive")
-    keys = _partition_keys(folder, files)
+    keys = _partition_keys(source, files)
     for key in keys:
         if key.name in unified.names:
             raise _error(
-                folder,
+                source,
                 f"the folders' key '{key.name}' ({key.name}=... in their names) is also a column "
-                f"in {name_in(folder, first_with[key.name])}; rename the folders or the "
+                f"in {source.name_of(first_with[key.name])}; rename the folders or the "
                 "column",
             )
     return pa.unify_schemas([unified, keys])
 
 
-def _partition_keys(folder: Path, files: list[Path]) -> pa.Schema:
+def _partition_keys(source: DataSource, files: list[Path]) -> pa.Schema:
     """The hive keys of the folders the files are in (``key=value``), their types inferred;
     no fields where there are none."""
     names = {
         part.split("=", 1)[0]
         for path in files
-        for part in name_in(folder, path).parts[:-1]
+        for part in source.name_of(path).parts[:-1]
         if "=" in part
     }
     if not names:
@@ -238,36 +173,36 @@ def _partition_keys(folder: Path, files: list[Path]) -> pa.Schema:
         [str(path) for path in files],
         format="parquet",
         partitioning=_partitioning(),
-        partition_base_dir=str(pattern_base(folder)),
+        partition_base_dir=str(source.base),
     )
     return pa.schema([field for field in dataset.partitioning.schema if field.name in names])
 
 
-def read_folder(folder: Path, columns: list[str]) -> pa.Table:
-    """``columns`` of every file of ``folder`` in one table (files in path order, rows in
+def read_folder(source: DataSource, columns: list[str]) -> pa.Table:
+    """``columns`` of every file of ``source`` in one table (files in path order, rows in
     file order), with :data:`FILE_COLUMN`.
 
     Raises:
         DataError: as :func:`folder_schema`, or a folder with no rows.
     """
-    files = folder_files(folder)
-    schema = folder_schema(folder)
+    files = source.files()
+    schema = folder_schema(source)
     tables = []
     for index, path in enumerate(files):
-        table = _dataset(folder, [path], schema).to_table(columns=columns)
+        table = _dataset(source, [path], schema).to_table(columns=columns)
         tables.append(table.append_column(FILE_COLUMN, pa.array(np.full(table.num_rows, index))))
     table = pa.concat_tables(tables)
     if table.num_rows == 0:
-        raise _error(folder, "has no rows in any of its files; pass a folder with bars in it")
+        raise _error(source, "has no rows in any of its files; pass a folder with bars in it")
     return table
 
 
 def file_batches(
-    folder: Path, path: Path, schema: pa.Schema, columns: list[str], batch_rows: int
+    source: DataSource, path: Path, schema: pa.Schema, columns: list[str], batch_rows: int
 ) -> Iterator[pa.RecordBatch]:
-    """``columns`` of one file of ``folder`` as the folder reads it (``schema``, its unified
+    """``columns`` of one file of ``source`` as the source reads it (``schema``, its unified
     columns and hive keys: :func:`folder_schema`), at most ``batch_rows`` rows at a time."""
-    dataset = _dataset(folder, [path], schema)
+    dataset = _dataset(source, [path], schema)
     # No read-ahead: a streamed folder holds one batch at a time, as one file read in chunks
     # does (pre-buffering whole row groups held 450 MB on a 0.47 GB file).
     yield from dataset.to_batches(
@@ -280,28 +215,27 @@ def file_batches(
     )
 
 
-def source_files(path: Path) -> list[Path]:
-    """The Parquet files of a data path: a folder's (:func:`folder_files`), or the file."""
-    return folder_files(path) if many_files(path) else [path]
-
-
-def first_rows(path: Path, columns: list[str], rows: int) -> pa.Table:
-    """The first ``rows`` rows of ``columns`` of a file or a folder (its first files'), for a
-    look at what the columns hold; an empty table where there are none."""
-    if not many_files(path):
-        reader = pq.ParquetFile(path, metadata=footer(path))
+def first_rows(source: DataSource, columns: list[str], rows: int) -> pa.Table:
+    """The first ``rows`` rows of ``columns`` of a file or of several (the first files'), for
+    a look at what the columns hold; an empty table where there are none."""
+    if not source.many:
+        reader = pq.ParquetFile(source.file, metadata=footer(source.file))
         batch = next(reader.iter_batches(batch_size=rows, columns=columns), None)
         return pa.Table.from_batches([batch]) if batch is not None else pa.table({})
-    return _dataset(path, folder_files(path), folder_schema(path)).head(rows, columns=columns)
+    return _dataset(source, source.files(), folder_schema(source)).head(rows, columns=columns)
 
 
-def folder_bytes(folder: Path) -> int:
-    """The bytes of ``folder``'s data files on disk."""
-    return sum(path.stat().st_size for path in folder_files(folder))
+def folder_bytes(source: DataSource) -> int:
+    """The bytes of ``source``'s data files on disk."""
+    return sum(path.stat().st_size for path in source.files())
 
 
 def duplicate_bars(
-    folder: Path, files: np.ndarray, time_ns: np.ndarray, codes: np.ndarray, symbols: list[str]
+    source: DataSource,
+    files: np.ndarray,
+    time_ns: np.ndarray,
+    codes: np.ndarray,
+    symbols: list[str],
 ) -> None:
     """Refuse the same bar in two files: rows sorted by symbol then time, ``files`` each
     row's :data:`FILE_COLUMN`.
@@ -313,24 +247,26 @@ def duplicate_bars(
     if not same.any():
         return
     at = int(np.flatnonzero(same)[0])
-    names = folder_files(folder)
+    names = source.files()
     first, second = (names[int(files[i])] for i in (at, at + 1))
-    raise shared_bar(folder, symbols[int(codes[at])], int(time_ns[at]), (first, second))
+    raise shared_bar(source, symbols[int(codes[at])], int(time_ns[at]), (first, second))
 
 
-def shared_bar(folder: Path, symbol: str, time_ns: int, files: tuple[Path, Path]) -> DataError:
-    """The error for one bar (``symbol`` at ``time_ns``) in two files of ``folder``, read in
+def shared_bar(
+    source: DataSource, symbol: str, time_ns: int, files: tuple[Path, Path]
+) -> DataError:
+    """The error for one bar (``symbol`` at ``time_ns``) in two files of ``source``, read in
     memory or streamed."""
-    first, second = (name_in(folder, file) for file in files)
+    first, second = (source.name_of(file) for file in files)
     return _error(
-        folder,
+        source,
         f"the bar of {symbol} at {np.datetime64(time_ns, 'ns')} is in both {first} and "
         f"{second}; keep it in one file",
     )
 
 
 def bar_order(
-    path: Path, table: pa.Table, time_ns: np.ndarray, codes: np.ndarray, symbols: list[str]
+    source: DataSource, table: pa.Table, time_ns: np.ndarray, codes: np.ndarray, symbols: list[str]
 ) -> np.ndarray:
     """The table's rows grouped by symbol: in file order for one file (whose order the
     checks hold it to), in time order for a folder's files, which come in any order, the
@@ -339,5 +275,5 @@ def bar_order(
         return np.argsort(codes, kind="stable") if len(symbols) > 1 else np.arange(len(codes))
     order = np.lexsort((time_ns, codes))
     files = table[FILE_COLUMN].to_numpy()[order]
-    duplicate_bars(path, files, time_ns[order], codes[order], symbols)
+    duplicate_bars(source, files, time_ns[order], codes[order], symbols)
     return order

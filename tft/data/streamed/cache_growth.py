@@ -32,6 +32,7 @@ import numpy as np
 
 from tft.data.columns import _read_schema
 from tft.data.normalize import Normalizer
+from tft.data.sources.data_source import DataSource
 from tft.data.streamed.build_folder import building_beside, put_in_place
 from tft.data.streamed.build_progress import BuildProgress, rows_line
 from tft.data.streamed.cache_meta import DISTINCT_TIMES_FILE, META_FILE, RowCacheMeta, SourceFile
@@ -49,7 +50,7 @@ NO_FLOOR = -(2**63)
 
 
 def grow_cache(
-    path: Path,
+    path: DataSource,
     folder: Path,
     meta: RowCacheMeta,
     source: SourceFile,
@@ -99,7 +100,7 @@ def grow_cache(
     )
 
 
-def _walker(path: Path, normalizer: Normalizer, meta: RowCacheMeta) -> RowWalker:
+def _walker(path: DataSource, normalizer: Normalizer, meta: RowCacheMeta) -> RowWalker:
     """A walker over the new files that carries on from the cache's last bars, every input
     past its warm-up."""
     roles = normalizer.roles
@@ -113,7 +114,7 @@ def _walker(path: Path, normalizer: Normalizer, meta: RowCacheMeta) -> RowWalker
 
 
 def _grown(
-    path: Path,
+    path: DataSource,
     folder: Path,
     partial: Path,
     meta: RowCacheMeta,
@@ -172,7 +173,7 @@ def _grown(
 
 
 def _count_new_rows(
-    path: Path,
+    path: DataSource,
     order: ReadOrder,
     normalizer: Normalizer,
     meta: RowCacheMeta,

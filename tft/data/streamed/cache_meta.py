@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from tft.data.sources.parquet_folder import folder_files, many_files
+from tft.data.sources.data_source import DataSource
 
 __all__ = [
     "DISTINCT_TIMES_FILE",
@@ -38,18 +38,20 @@ class SourceFile(BaseModel):
     file."""
 
     @classmethod
-    def of(cls, path: Path) -> SourceFile:
-        resolved = path.resolve()
-        if many_files(resolved):
-            parts = [cls.of(file) for file in folder_files(resolved)]
+    def of(cls, source: DataSource) -> SourceFile:
+        """The source as it is now: its files' sizes and times (NOTE [Several data paths]:
+        several paths are named by their JSON list)."""
+        resolved = source.resolved()
+        if resolved.many:
+            parts = [cls.of(DataSource.of(file)) for file in resolved.files()]
             return cls(
-                path=str(resolved),
+                path=resolved.identity,
                 size_bytes=sum(part.size_bytes for part in parts),
                 mtime_ns=max(part.mtime_ns for part in parts),
                 parts=parts,
             )
-        stat = resolved.stat()
-        return cls(path=str(resolved), size_bytes=stat.st_size, mtime_ns=stat.st_mtime_ns)
+        stat = resolved.file.stat()
+        return cls(path=resolved.identity, size_bytes=stat.st_size, mtime_ns=stat.st_mtime_ns)
 
 
 class RowCacheMeta(BaseModel):

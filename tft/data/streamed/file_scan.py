@@ -40,6 +40,7 @@ from tft.data.columns import (
 )
 from tft.data.normalize import _transform_target
 from tft.data.role_inference import symbol_hint
+from tft.data.sources.data_source import DataSource
 from tft.data.sources.parquet_folder import file_batches, footer
 from tft.data.streamed.build_progress import BuildProgress, RowsRead, build_pass
 from tft.data.streamed.distinct_times import DistinctTimes
@@ -60,7 +61,7 @@ __all__ = [
 class Chunk(NamedTuple):
     """A bounded number of consecutive rows of one file."""
 
-    file: Path
+    file: DataSource
     """The Parquet file the rows are in (one of a folder's), for the rows errors name."""
     first_row: int
     """The file row of the chunk's first row."""
@@ -92,7 +93,7 @@ def read_chunks(
             for batch in batches:
                 if batch.num_rows == 0:
                     continue  # a dataset can yield an empty batch; the walker wants rows
-                yield Chunk(file, first, pa.Table.from_batches([batch]))
+                yield Chunk(DataSource.of(file), first, pa.Table.from_batches([batch]))
                 first += batch.num_rows
                 done += batch.num_rows
                 if rows_read is not None:
@@ -100,7 +101,8 @@ def read_chunks(
         except (pa.ArrowException, OSError) as error:
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise _error(
-                file, f"cannot be read as Parquet ({reason}); pass a Parquet file of bars"
+                DataSource.of(file),
+                f"cannot be read as Parquet ({reason}); pass a Parquet file of bars",
             ) from None
     hand_back_freed_memory()
     if done == 0:
@@ -151,7 +153,7 @@ class RowWalker:
 
     def __init__(
         self,
-        path: Path,
+        path: DataSource,
         roles: ColumnRoles,
         symbol: str | None,
         symbols: list[str] | None,
@@ -170,7 +172,7 @@ class RowWalker:
         named = [self.roles.timestamp, self.symbol, self.roles.target, *self.warmup.names]
         return list(dict.fromkeys(name for name in named if name is not None))
 
-    def _codes(self, path: Path, table: pa.Table) -> np.ndarray:
+    def _codes(self, path: DataSource, table: pa.Table) -> np.ndarray:
         if not self.discover or self.symbol is None:
             known = self.symbols if (self.symbols or self.symbol is not None) else None
             codes, symbols = _symbol_codes(path, table, self.symbol, known)
@@ -276,7 +278,7 @@ class FileLayout:
 
 
 def scan_layout(
-    path: Path,
+    path: DataSource,
     schema: pa.Schema,
     roles: ColumnRoles,
     known_symbols: list[str] | None,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +24,7 @@ import pyarrow.compute as pc
 from tft.data.categories import category_text, fit_categories
 from tft.data.columns import _check_finite
 from tft.data.normalize import Scale
+from tft.data.sources.data_source import DataSource
 from tft.data.streamed.build_progress import BuildProgress, build_pass
 from tft.data.streamed.file_scan import FileLayout, RowWalker, read_chunks
 from tft.data.warmup import RunningWarmup, real_inputs
@@ -101,7 +101,7 @@ class FittedStatistics:
 
 
 def fit_statistics(
-    path: Path,
+    path: DataSource,
     layout: FileLayout,
     cuts: tuple[int, int],
     chunk_rows: int,

@@ -28,13 +28,11 @@ import numpy as np
 import pyarrow as pa
 
 from tft.data.columns import ColumnRoles, _error, _iso
+from tft.data.sources.data_source import DataSource
 from tft.data.sources.parquet_folder import (
     file_batches,
-    folder_files,
     folder_schema,
     footer,
-    many_files,
-    name_in,
     shared_bar,
 )
 from tft.data.streamed.build_progress import BuildProgress, rows_line
@@ -53,8 +51,8 @@ _WAYS_OUT = (
 class ReadOrder:
     """Which Parquet files a data path's rows are read from, in reading order."""
 
-    root: Path
-    """The file or folder named."""
+    root: DataSource
+    """The data path (or paths) named."""
     files: tuple[Path, ...]
     """The file itself, or the folder's files in the order of NOTE [Streaming a folder in
     time order]."""
@@ -64,15 +62,10 @@ class ReadOrder:
     schema: pa.Schema | None
     """The folder's unified columns and hive keys the files are read with; None for one file."""
 
-    @property
-    def folder(self) -> Path | None:
-        """The folder the files are in; None for one file."""
-        return self.root if self.schema is not None else None
-
     @classmethod
-    def of_file(cls, path: Path) -> ReadOrder:
+    def of_file(cls, path: DataSource) -> ReadOrder:
         """One file, read as it is."""
-        return cls(root=path, files=(path,), rows_per_file=None, schema=None)
+        return cls(root=path, files=(path.file,), rows_per_file=None, schema=None)
 
 
 @dataclass
@@ -89,7 +82,7 @@ _Edge = tuple[int, int, str]
 
 
 def read_order(
-    path: Path,
+    path: DataSource,
     roles: ColumnRoles,
     symbol: str | None,
     chunk_rows: int,
@@ -110,9 +103,9 @@ def read_order(
         DataError: a symbol's bars in two files overlap in time, or the files' stretches
             cross (naming the files and the symbols); a timestamp that cannot be read.
     """
-    if not many_files(path):
+    if not path.many:
         return ReadOrder.of_file(path)
-    files = folder_files(path) if files is None else files
+    files = path.files() if files is None else files
     schema = folder_schema(path)
     columns = [name for name in (roles.timestamp, symbol) if name is not None]
     stretches: dict[str, list[_Stretch]] = {}
@@ -124,7 +117,7 @@ def read_order(
         first_row = 0
         for batch in file_batches(path, file, schema, columns, chunk_rows):
             table = pa.Table.from_batches([batch])
-            times = read_times(file, table[roles.timestamp], roles, first_row)
+            times = read_times(DataSource.of(file), table[roles.timestamp], roles, first_row)
             _widen(mine, index, table[symbol] if symbol is not None else None, times)
             first_row += table.num_rows
             if rows_read is not None:
@@ -175,7 +168,9 @@ def _bars_of(name: str) -> str:
     return f"the bars of {name}" if name else "the bars"
 
 
-def _edges(path: Path, files: list[Path], stretches: dict[str, list[_Stretch]]) -> list[_Edge]:
+def _edges(
+    path: DataSource, files: list[Path], stretches: dict[str, list[_Stretch]]
+) -> list[_Edge]:
     """Each symbol's files in time order, as edges; refuses two stretches that overlap."""
     edges = []
     for name, group in stretches.items():
@@ -185,7 +180,7 @@ def _edges(path: Path, files: list[Path], stretches: dict[str, list[_Stretch]]) 
                 if before.last_ns == after.first_ns:  # one shared bar: as in memory
                     pair = (files[before.file], files[after.file])
                     raise shared_bar(path, name or "the series", after.first_ns, pair)
-                a, b = (name_in(path, files[s.file]) for s in (before, after))
+                a, b = (path.name_of(files[s.file]) for s in (before, after))
                 raise _error(
                     path,
                     f"{_bars_of(name)} in {a} ({_iso(before.first_ns)} to "
@@ -198,7 +193,7 @@ def _edges(path: Path, files: list[Path], stretches: dict[str, list[_Stretch]]) 
 
 
 def _topological(
-    path: Path, files: list[Path], edges: list[_Edge], first_bar: list[int]
+    path: DataSource, files: list[Path], edges: list[_Edge], first_bar: list[int]
 ) -> list[int]:
     """The files' indices with every edge's first before its second; of the files free to
     go, the one with the earliest bar first."""
@@ -222,7 +217,7 @@ def _topological(
     return order
 
 
-def _crossing(path: Path, files: list[Path], edges: list[_Edge], left: set[int]) -> Exception:
+def _crossing(path: DataSource, files: list[Path], edges: list[_Edge], left: set[int]) -> Exception:
     """The refusal of files whose stretches cross: a cycle of edges among the files left.
 
     Every file left waits on another file left, so walking back from any of them along its
@@ -234,8 +229,8 @@ def _crossing(path: Path, files: list[Path], edges: list[_Edge], left: set[int])
         walk.append(into[walk[-1]][0])
     cycle = walk[walk.index(walk[-1]) : -1]
     said = "; ".join(
-        f"{_bars_of(into[file][2])} in {name_in(path, files[into[file][0]])} come before "
-        f"those in {name_in(path, files[file])}"
+        f"{_bars_of(into[file][2])} in {path.name_of(files[into[file][0]])} come before "
+        f"those in {path.name_of(files[file])}"
         for file in reversed(cycle)
     )
     return _error(

@@ -55,6 +55,7 @@ from tft.data.normalize import Normalizer
 from tft.data.role_inference import infer_roles
 from tft.data.row_files import RowFiles
 from tft.data.rows import Rows
+from tft.data.sources.data_source import DataPaths, DataSource
 from tft.data.splits import cut_points
 from tft.data.streamed.build_folder import building_beside, put_in_place
 from tft.data.streamed.build_progress import BuildProgress
@@ -79,12 +80,12 @@ __all__ = ["CachedRows", "RowCacheMeta", "cache_folder", "cached_rows", "remove_
 _PAGE = mmap.PAGESIZE
 
 
-def cache_folder(root: Path, path: Path) -> Path:
-    """The cache folder of data path ``path`` under ``root``: its stem and a hash of its path
-    (a pattern's wildcards left out of the name, kept in the hash)."""
-    resolved = path.resolve()
-    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
-    stem = re.sub(r"[^\w.=-]+", "_", resolved.stem).strip("_") or "data"
+def cache_folder(root: Path, path: DataPaths) -> Path:
+    """The cache folder of data path ``path`` under ``root``: its (first path's) stem and a
+    hash of its paths (a pattern's wildcards left out of the name, kept in the hash)."""
+    source = DataSource.of(path)
+    digest = hashlib.sha256(source.identity.encode()).hexdigest()[:12]
+    stem = re.sub(r"[^\w.=-]+", "_", source.resolved().paths[0].stem).strip("_") or "data"
     return root / f"{stem}-{digest}"
 
 
@@ -160,7 +161,7 @@ class CachedRows(NamedTuple):
 
 
 def cached_rows(
-    path: Path,
+    path: DataSource,
     folder: Path,
     *,
     roles: ColumnRoles | None,
@@ -242,7 +243,7 @@ def _open(folder: Path, meta: RowCacheMeta) -> Rows:
 
 
 def _build(
-    path: Path,
+    path: DataSource,
     folder: Path,
     source: SourceFile,
     roles: ColumnRoles | None,
@@ -299,7 +300,7 @@ def _build(
 
 
 def _write_rows(
-    path: Path,
+    path: DataSource,
     folder: Path,
     source: SourceFile,
     layout: FileLayout,

@@ -10,7 +10,6 @@ of the in-memory path (the scales to the last bits of NOTE [Streaming statistics
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,7 +17,8 @@ import numpy as np
 
 from tft.data.columns import ColumnRoles, _read_schema
 from tft.data.normalize import Normalizer
-from tft.data.sources.parquet_folder import footer, source_files
+from tft.data.sources.data_source import DataPaths, DataSource
+from tft.data.sources.parquet_folder import footer
 from tft.data.splits import SplitTimes, check_window_options, part_windows, split_starts_ns
 from tft.data.streamed.build_progress import BuildProgress
 from tft.data.streamed.row_cache import cached_rows
@@ -35,24 +35,24 @@ _IN_MEMORY_BYTES_PER_VALUE = 14
 _CHUNK_BYTES_PER_VALUE = 8 * 4 * 4
 
 
-def in_memory_bytes(path: Path) -> int:
-    """About what :func:`tft.data.windows.load_windows` holds for ``path``, a file or a
-    folder of them (from their footers alone)."""
+def in_memory_bytes(path: DataPaths) -> int:
+    """About what :func:`tft.data.windows.load_windows` holds for ``path``, a file or
+    several (from their footers alone)."""
     try:
-        footers = [footer(file) for file in source_files(path)]
+        footers = [footer(file) for file in DataSource.of(path).files()]
     except Exception:  # noqa: BLE001 - load_windows reports a bad file in its own words
         return 0
     return sum(m.num_rows * m.num_columns for m in footers) * _IN_MEMORY_BYTES_PER_VALUE
 
 
-def chunk_rows_for(path: Path, max_host_bytes: int) -> int:
+def chunk_rows_for(path: DataSource, max_host_bytes: int) -> int:
     """Rows per chunk so that reading a chunk stays well within ``max_host_bytes``."""
     num_columns = max(len(_read_schema(path).names), 1)
     return int(np.clip(max_host_bytes // (num_columns * _CHUNK_BYTES_PER_VALUE), 1024, 1 << 20))
 
 
 def stream_windows(
-    path: str | os.PathLike[str],
+    path: DataPaths,
     cache: Path,
     *,
     max_host_bytes: int,
@@ -82,7 +82,7 @@ def stream_windows(
         DataError, ConfigError: as :func:`tft.data.windows.load_windows`, and a cache folder of
             another file when ``check_source`` is set.
     """
-    path = Path(path)
+    path = DataSource.of(path)
     check_window_options(encoder_length, horizon, split_fractions, split_times)
     schema = _read_schema(path)
     timezone = (roles or (normalizer.roles if normalizer else None) or ColumnRoles()).timezone
