@@ -1024,6 +1024,33 @@ MUTATIONS = (
         ("tests/tft/test_several_paths.py",),
     ),
     Mutation(
+        "cache-grows-only-from-its-own",
+        "predict on the run's folder and a new day's files beside it builds a new row cache from "
+        "every row, where the run's cache holds all but the new day's",
+        "tft/data/streamed/row_cache.py",
+        "        elif meta is None and floor is not None:\n",
+        "        elif False:\n",
+        ("tests/tft/test_cache_grown_from_another.py",),
+    ),
+    Mutation(
+        "cache-grown-from-another-encoded-otherwise",
+        "a cache grows from one beside it whose scales were fitted on other rows, so the new "
+        "dataset's rows are encoded with scales it was not asked for",
+        "tft/data/streamed/row_cache.py",
+        "        if meta is None or not _same_encoding(meta, roles, normalizer, split):\n",
+        "        if meta is None:\n",
+        ("tests/tft/test_cache_grown_from_another.py",),
+    ),
+    Mutation(
+        "cache-grown-from-another-takes-the-fewest-files",
+        "of the caches beside it a new one grows from the one of the fewest files, reading "
+        "again what another holds encoded",
+        "tft/data/streamed/row_cache.py",
+        "        if best is None or len(before) > len(best[1].source.files()):\n",
+        "        if best is None or len(before) < len(best[1].source.files()):\n",
+        ("tests/tft/test_cache_grown_from_another.py",),
+    ),
+    Mutation(
         "bracketed-file-name-read-as-a-pattern",
         "a file whose name holds a bracket (bars[2024].parquet) is read as a glob pattern that "
         "matches nothing",

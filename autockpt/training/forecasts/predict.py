@@ -97,7 +97,9 @@ class TrainedOnFile:
         A file too large for ``max_host_memory`` (unset: the run's setting) is streamed from
         a row cache beside the run folder (NOTE [Row cache] in :mod:`tft.data.streamed.row_cache`);
         the run's own file is read through the cache the run named with ``--data-cache``, if
-        it named one: its rows were encoded with this normaliser and need no second build.
+        it named one: its rows were encoded with this normaliser and need no second build;
+        the run's data and more (today's file beside its folder) grows from it (NOTE [A cache
+        grown from another] in :mod:`tft.data.streamed.row_cache`).
         """
         run = RunFolder.open(run_dir, need=(BEST_FILE,))
         resolved = resolve_device(device)
@@ -121,6 +123,7 @@ class TrainedOnFile:
             max_host_memory=max_host_memory,
             cache=Path(run_cache) if run_cache and same_file else None,
             runs_root=run.path.parent,
+            grow_from=Path(run_cache) if run_cache else None,
         )
         return cls(run, resolved, model, config, normalizer, windows, note)
 

@@ -32,6 +32,7 @@ def read_windows(
     max_host_memory: str,
     cache: Path | None,
     runs_root: Path,
+    grow_from: Path | None = None,
 ) -> tuple[WindowedData, str | None]:
     """The windows of ``path``, and a note when they are streamed from a row cache.
 
@@ -43,6 +44,9 @@ def read_windows(
         cache: the row cache folder the user named (``--data-cache``): the file is streamed
             through it whatever its size, and a folder holding another file's cache is refused.
         runs_root: the folder of the run folders; the default cache is under it.
+        grow_from: a cache folder the data's cache may grow from where it has none (the run's
+            named one, for ``predict`` on its data and more: NOTE [A cache grown from
+            another] in :mod:`tft.data.streamed.row_cache`).
 
     Raises:
         DataError, ConfigError: as :func:`tft.data.windows.load_windows`.
@@ -90,6 +94,7 @@ def read_windows(
         normalizer=normalizer,
         check_source=cache is not None,
         progress=report_progress,  # NOTE [Progress on long waits]
+        grow_from=[grow_from] if grow_from is not None else [],
     )
     note = f"{path}: streamed from the row cache {folder} ({why})"
     if data.cache_use not in (None, "built", "reused"):  # NOTE [A cache grown by new files]

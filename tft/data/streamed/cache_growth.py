@@ -56,23 +56,29 @@ def grow_cache(
     source: SourceFile,
     floor_ns: int,
     reading: tuple[int, BuildProgress | None],
+    grown_from: Path | None = None,
 ) -> tuple[RowCacheMeta, str] | None:
     """The cache in ``folder`` grown by the files ``source`` has and ``meta``'s lacks, and a
     line of what it reused; None where it must be rebuilt instead (NOTE [A cache grown by
     new files]).
 
     Args:
-        meta: the cache's description, encoded the way the run asks.
+        meta: the description of the cache grown, encoded the way the run asks.
         source: the folder as it is now.
         floor_ns: the earliest time a new bar may have with the cache's scales kept
             (:data:`NO_FLOOR` with the run's own normaliser; the first date of a split by
             dates the scales were fitted on).
         reading: rows per chunk, and who hears how far the build is.
+        grown_from: the cache folder whose rows are reused, where it is not ``folder`` (the
+            cache of fewer of the same files: NOTE [A cache grown from another]); ``folder``
+            when None.
     """
-    before = {part.path: part for part in meta.source.parts}
-    now = {part.path: part for part in source.parts}
-    added = [Path(name) for name in sorted(now) if name not in before]
-    if not before or not added or any(now.get(name) != part for name, part in before.items()):
+    before, now = meta.source.files(), source.files()
+    if any(now.get(name) != part for name, part in before.items()):
+        return None
+    own = {str(file.resolve()): file for file in path.files()}
+    added = [own[name] for name in sorted(now) if name not in before]
+    if not added:
         return None
     counts = np.diff(np.asarray(meta.symbol_bounds, dtype=np.int64))
     normalizer = Normalizer.from_dict(meta.normalizer)
@@ -82,9 +88,10 @@ def grow_cache(
         or not counts.all()
     ):
         return None
+    reused = grown_from if grown_from is not None else folder
     try:
         with building_beside(folder) as partial:
-            grown = _grown(path, folder, partial, meta, normalizer, added, floor_ns, reading)
+            grown = _grown(path, reused, partial, meta, normalizer, added, floor_ns, reading)
             if grown is None:
                 return None
             grown = grown.model_copy(update={"source": source})
@@ -94,8 +101,10 @@ def grow_cache(
         # What is wrong is for the build to say, in the words it says it in.
         return None
     new_rows = grown.num_rows - meta.num_rows
+    whose = "its" if grown_from is None else f"the row cache {grown_from.name}'s"
     return grown, (
-        f"reused the encoded rows of its {len(before):,} files and encoded the {new_rows:,} "
+        f"reused the encoded rows of {whose} {len(before):,} "
+        f"{'file' if len(before) == 1 else 'files'} and encoded the {new_rows:,} "
         f"rows of {len(added):,} new {'file' if len(added) == 1 else 'files'}"
     )
 
@@ -115,7 +124,7 @@ def _walker(path: DataSource, normalizer: Normalizer, meta: RowCacheMeta) -> Row
 
 def _grown(
     path: DataSource,
-    folder: Path,
+    reused: Path,
     partial: Path,
     meta: RowCacheMeta,
     normalizer: Normalizer,
@@ -123,7 +132,7 @@ def _grown(
     floor_ns: int,
     reading: tuple[int, BuildProgress | None],
 ) -> RowCacheMeta | None:
-    """The grown cache written to ``partial`` (no description yet), or None."""
+    """The cache in ``reused`` grown, written to ``partial`` (no description yet), or None."""
     chunk_rows, progress = reading
     roles = normalizer.roles
     order = read_order(path, roles, roles.symbol, chunk_rows, progress, files=list(added))
@@ -141,7 +150,7 @@ def _grown(
         for name in ROLE_FILES:
             for code in range(len(normalizer.symbols)):
                 span = (int(bounds[code]), int(bounds[code + 1]))
-                files.copy_rows(name, folder / f"{name}.bin", span, int(grown_bounds[code]))
+                files.copy_rows(name, reused / f"{name}.bin", span, int(grown_bounds[code]))
         written = grown_bounds[:-1] + np.diff(bounds)
         walker = _walker(path, normalizer, meta)
         unknown = encode_rows(order, files, walker, written, normalizer, reading)
@@ -150,7 +159,7 @@ def _grown(
     if not _statics_kept(partial, meta, bounds, grown_bounds):
         return None
     distinct = merge_time_files(
-        folder / DISTINCT_TIMES_FILE, new_file, partial / DISTINCT_TIMES_FILE
+        reused / DISTINCT_TIMES_FILE, new_file, partial / DISTINCT_TIMES_FILE
     )
     new_file.unlink()
     fitted_here = floor_ns != NO_FLOOR  # a run's own fit by dates keeps describing the cache

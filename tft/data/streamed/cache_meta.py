@@ -53,6 +53,11 @@ class SourceFile(BaseModel):
         stat = resolved.file.stat()
         return cls(path=resolved.identity, size_bytes=stat.st_size, mtime_ns=stat.st_mtime_ns)
 
+    def files(self) -> dict[str, SourceFile]:
+        """Each Parquet file of the source as it was, by resolved path: a folder's parts, or
+        the one file itself."""
+        return {part.path: part for part in self.parts} if self.parts else {self.path: self}
+
 
 class RowCacheMeta(BaseModel):
     """What a cache folder holds and how it was encoded (``rows.json``)."""

@@ -171,6 +171,7 @@ def cached_rows(
     chunk_rows: int,
     check_source: bool = True,
     progress: BuildProgress | None = None,
+    grow_from: Sequence[Path] = (),
 ) -> CachedRows:
     """The rows of ``path`` from the cache ``folder``, building or growing it first when needed.
 
@@ -184,6 +185,8 @@ def cached_rows(
         check_source: refuse a folder made from another file (a folder the user named)
             instead of replacing it.
         progress: told what a build is doing, a line after each chunk of each pass.
+        grow_from: cache folders to grow ``folder`` from where it holds none, beside the
+            folders next to it (NOTE [A cache grown from another]).
 
     Raises:
         DataError: the file cannot be used (as load_windows), or ``folder`` holds the cache of
@@ -205,6 +208,11 @@ def cached_rows(
         grown = None
         if meta is not None and encoded_as_asked and floor is not None:
             grown = grow_cache(path, folder, meta, source, floor, reading)
+        elif meta is None and floor is not None:
+            nearest = _nearest_cache(folder, source, roles, normalizer, split, grow_from)
+            if nearest is not None:
+                other, other_meta = nearest
+                grown = grow_cache(path, folder, other_meta, source, floor, reading, other)
         if grown is not None:
             meta, use = grown
         else:
@@ -212,6 +220,45 @@ def cached_rows(
     rows = _open(folder, meta)
     # Mapped, not read: one symbol's minute bars have as many distinct times as rows.
     return CachedRows(rows, meta, read_time_file(folder / DISTINCT_TIMES_FILE), use)
+
+
+def _nearest_cache(
+    folder: Path,
+    source: SourceFile,
+    roles: ColumnRoles | None,
+    normalizer: Normalizer | None,
+    split: _Split,
+    also: Sequence[Path],
+) -> tuple[Path, RowCacheMeta] | None:
+    """The cache of the most of ``source``'s files, each unchanged and no other, encoded as
+    asked, among the folders beside ``folder`` and ``also``; None where there is none.
+
+    NOTE [A cache grown from another]
+    ``predict`` on yesterday's folder and today's file (two paths: NOTE [Several data paths])
+    is another dataset than the folder alone, so its cache is another folder, and would be
+    built from every row. But the folder's own cache, the run's or one a ``predict`` of
+    yesterday built beside it, holds every row but today's, encoded with the same scales. So a
+    source with no cache of its own grows from the cache beside it (or the run's named one)
+    whose files are all among its own, unchanged, encoded the way asked, the one with the most
+    files: its rows are copied (it stays what it is: another dataset may still read it) and
+    only the new files are read, as a cache grows by a folder's new files (NOTE [A cache
+    grown by new files]), under the same conditions.
+    """
+    now = source.files()
+    candidates = sorted(folder.parent.iterdir()) if folder.parent.is_dir() else []
+    best: tuple[Path, RowCacheMeta] | None = None
+    for other in dict.fromkeys([*candidates, *also]):
+        if other == folder or ".partial-" in other.name or not other.is_dir():
+            continue
+        meta = read_meta(other)
+        if meta is None or not _same_encoding(meta, roles, normalizer, split):
+            continue
+        before = meta.source.files()
+        if len(before) >= len(now) or any(now.get(name) != part for name, part in before.items()):
+            continue
+        if best is None or len(before) > len(best[1].source.files()):
+            best = (other, meta)
+    return best
 
 
 def _open(folder: Path, meta: RowCacheMeta) -> Rows:

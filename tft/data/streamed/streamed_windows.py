@@ -65,6 +65,7 @@ def stream_windows(
     check_source: bool = False,
     chunk_rows: int | None = None,
     progress: BuildProgress | None = None,
+    grow_from: Sequence[Path] = (),
 ) -> WindowedData:
     """Like :func:`tft.data.windows.load_windows`, with the rows in a cache folder instead of memory.
 
@@ -77,6 +78,8 @@ def stream_windows(
         chunk_rows: rows per chunk instead of the size ``max_host_bytes`` gives.
         progress: told what the cache's build is doing, a line after each chunk it reads
             (``building the row cache, pass 2 of 3 (...): 1,200,000 of 4,000,000 rows``).
+        grow_from: other cache folders the cache may grow from where it has none (NOTE [A
+            cache grown from another] in :mod:`tft.data.streamed.row_cache`).
 
     Raises:
         DataError, ConfigError: as :func:`tft.data.windows.load_windows`, and a cache folder of
@@ -97,6 +100,7 @@ def stream_windows(
         chunk_rows=chunk_rows or chunk_rows_for(path, max_host_bytes),
         check_source=check_source,
         progress=progress,
+        grow_from=grow_from,
     )
     # A cache is reused only with the normaliser asked for (or fitted as asked).
     fitted = Normalizer.from_dict(meta.normalizer)
