@@ -881,7 +881,7 @@ MUTATIONS = (
         "a row cache fitted with one split's training rows is reused for a split by other "
         "dates, so its scales come from rows the new split validates on",
         "tft/data/streamed/row_cache.py",
-        "    fitted_on = (meta.fitted_on, meta.fitted_on_times_ns)\n",
+        "    fitted_on = meta.fitted_on\n",
         "    fitted_on = _fitted_on(split)\n",
         ("tests/tft/test_split_dates.py",),
     ),
@@ -1114,6 +1114,15 @@ MUTATIONS = (
         ("tests/planner/test_compiled_segments.py",),
     ),
     Mutation(
+        "planned-forwards-share-their-code",
+        "the planned modules of a process share their forward's code, so the ninth compiled "
+        "in a process runs its forward eagerly past dynamo's recompile limit",
+        "autockpt/planner/runtime/planned_graph.py",
+        "        self.__class__ = class_of_its_own(\n",
+        "        self.__class__ = (lambda *_: PlannedForward)(\n",
+        ("tests/planner/test_compiled_segments.py",),
+    ),
+    Mutation(
         "segment-code-copies-equal",
         "each runner's code is copied but keeps its name, so the copies compare equal and dynamo "
         "takes one segment's lambda for every segment's where it resumes a frame",
@@ -1202,8 +1211,8 @@ MUTATIONS = (
         "a grown cache copies each symbol's old rows to their old places, so the new rows of "
         "one symbol overwrite the next symbol's",
         "tft/data/streamed/cache_growth.py",
-        '                files.copy_rows(name, folder / f"{name}.bin", span, int(grown_bounds[code]))\n',
-        '                files.copy_rows(name, folder / f"{name}.bin", span, int(bounds[code]))\n',
+        '                files.copy_rows(name, reused / f"{name}.bin", span, int(grown_bounds[code]))\n',
+        '                files.copy_rows(name, reused / f"{name}.bin", span, int(bounds[code]))\n',
         ("tests/tft/test_cache_growth.py",),
     ),
     Mutation(

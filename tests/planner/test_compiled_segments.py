@@ -1,7 +1,9 @@
 """Every segment of a compiled plan runs compiled, at any number of segments (NOTE [A
 segment's own code under torch.compile]): dynamo counts recompiles per code object, and
 runners that shared theirs went eager past its eighth segment. And the compiled search
-chooses among its fastest candidates by timing them again side by side."""
+chooses among its fastest candidates by timing them again side by side. Planned models
+compiled one after another in a process each run compiled too (NOTE [A planned forward's own
+code under torch.compile])."""
 
 from __future__ import annotations
 
@@ -66,6 +68,22 @@ def test_a_plan_of_more_than_eight_segments_compiles_every_one(num_chunks: int) 
     planned_parameters = dict(model.named_parameters())
     for name, parameter in reference.named_parameters():
         torch.testing.assert_close(planned_parameters[name].grad, parameter.grad, msg=name)
+
+
+def test_planned_models_compiled_in_one_process_each_run_compiled() -> None:
+    """NOTE [A planned forward's own code under torch.compile]: the planned modules of one
+    process shared their forward's code, and the ninth compiled ran its forward eagerly."""
+    torch._dynamo.reset()
+    counters.clear()
+    for width in range(16, 26):  # ten planned models, each with inputs of another shape
+        torch.manual_seed(width)
+        model = MLPStack(width, 4, dropout=0.0)
+        x, y = torch.randn(64, width), torch.randn(64, 1)
+        plan = autockpt.plan(model, (x,), 10**12, use_gradient_checkpointing=True)
+        planned = torch.compile(autockpt.apply(model, plan), backend=BACKEND)
+        F.mse_loss(planned(x), y).backward()
+    fallbacks = [why for why in counters["unimplemented"] if "recompile limit" in why]
+    assert fallbacks == []
 
 
 def test_the_compiled_search_chooses_by_its_second_timing() -> None:

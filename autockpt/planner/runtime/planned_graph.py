@@ -28,12 +28,25 @@ fire on the modules the tracer keeps whole (``nn.Linear``, ``nn.Dropout``, ``nn.
 ``LEAF_MODULE_TYPES``), and fire again when a recomputed segment runs them in backward;
 modules the tracer traces through (the model's own blocks, ``nn.Sequential``) are not called,
 so their hooks do not fire while training.
+
+NOTE [A planned forward's own code under torch.compile]
+dynamo keeps its compiled entries, and counts recompiles, per code object (NOTE [A segment's
+own code under torch.compile] in :mod:`autockpt.planner.runtime.segment_runners`). Every
+planned module's ``forward`` is a ``PlannedForward``, so the planned modules of one process
+shared one ``__call__``'s code: each compiled one added its entries there (guarded on its own
+instance and its inputs' shapes), and the ninth compiled in a process (a sweep, a notebook, a
+test session) ran its forward eagerly past dynamo's recompile limit (8), not the step its
+plan was measured for: a chunked plan's compiled step peaked over its prediction. So each
+``PlannedForward`` is an instance of a class of its own whose ``__call__``, ``before_head``
+and ``_runs_graph`` are copies with code of their own, made once per planned module (a copy
+of the planned module makes its own); no limit is raised.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,12 +56,24 @@ import torch.fx as fx
 
 from autockpt.planner.core.decisions import SegmentAction
 from autockpt.planner.core.train_eval import frozen_training_flags
-from autockpt.planner.runtime.segment_runners import SegmentRunner, build_segmented_module
+from autockpt.planner.runtime.segment_runners import (
+    SegmentRunner,
+    build_segmented_module,
+    class_of_its_own,
+)
 from autockpt.planner.trace.fx_graph import Segment, trace_graph
 from autockpt.planner.trace.python_arguments import differing_argument, specialized_arguments
 
 #: The tables the planned module shares with the model (NOTE [The planned module]).
 SHARED_TABLES = ("_parameters", "_buffers", "_modules")
+
+
+_PLANNED_FORWARDS = itertools.count()
+"""Numbers the planned forwards of the process, each of whose code is its own."""
+
+#: The functions of a planned forward dynamo may start a frame on (NOTE [A planned forward's
+#: own code under torch.compile]).
+_OWN_CODE = ("__call__", "before_head", "_runs_graph")
 
 
 class PlannedForward:
@@ -100,6 +125,10 @@ class PlannedForward:
         self.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])
         #: Arguments the graph holds as constants (NOTE [Python arguments]).
         self.constants = specialized_arguments(graph)
+        # NOTE [A planned forward's own code under torch.compile]
+        self.__class__ = class_of_its_own(
+            PlannedForward, f"model_{next(_PLANNED_FORWARDS)}", _OWN_CODE
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._runs_graph(args, kwargs):
