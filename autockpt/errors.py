@@ -70,10 +70,17 @@ class PlanningError(AutockptError):
     plan could route around; the message names it, and the error is its ``__cause__``."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message, or its type's name where it has none."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
 def describe_error(error: BaseException) -> str:
     """``"TypeName: first line of the message"``, for a one-line note or error."""
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    line = first_line(error)
+    name = type(error).__name__
+    return name if line == name else f"{name}: {line}"
 
 
 def warn_at_the_callers_line(message: str) -> None:

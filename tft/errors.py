@@ -17,3 +17,10 @@ class DataError(TFTError, ValueError):
 
 class ConfigError(TFTError, ValueError):
     """A model or data configuration value that cannot be used."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message, or its type's name where it has none: what a
+    one-line message quotes of a library's error (pyarrow's run to many lines)."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tft.data.sources.data_source import DataSource
 from tft.data.sources.parquet_folder import folder_schema, footer, read_folder
-from tft.errors import DataError
+from tft.errors import DataError, first_line
 
 __all__ = ["NO_SYMBOL", "ColumnRoles"]
 
@@ -125,7 +125,7 @@ def _read_schema(path: DataSource) -> pa.Schema:
     try:
         return footer(path.file).schema.to_arrow_schema()
     except (pa.ArrowException, OSError) as error:
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        reason = first_line(error)
         raise _error(
             path, f"cannot be read as Parquet ({reason}); pass a Parquet file of bars"
         ) from None
@@ -339,7 +339,7 @@ def _read_table(path: DataSource, columns: list[str]) -> pa.Table:
     try:
         table = pq.read_table(path.file, columns=columns)
     except (pa.ArrowException, OSError) as error:
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        reason = first_line(error)
         raise _error(
             path, f"cannot be read as Parquet ({reason}); pass a Parquet file of bars"
         ) from None

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from autockpt.errors import describe_error
 from autockpt.planner.core.batch_split import (
     batch_size_of,
     piece_sizes,
@@ -98,8 +99,7 @@ class StepMeasurer:
                 )
             except Exception as error:  # a model that refuses a few samples: measured whole
                 self.scaled = None
-                first_line = str(error).splitlines()[0] if str(error) else ""
-                self.whole_batch_reason = f"{type(error).__name__}: {first_line}"
+                self.whole_batch_reason = describe_error(error)
         self.kept = self._profile((example_inputs, example_targets), kept, 1, first=True)
 
     def measure(

@@ -37,7 +37,7 @@ from autockpt.planner.core.fake_copies import parameter_sharing_copy
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.runtime.planned_chain import build_module_planned
 from autockpt.planner.timing.real_batch import RealBatch
-from autockpt.planner.timing.time_model import Cost, EstimatedCosts, guarded
+from autockpt.planner.timing.time_model import Cost, EstimatedCosts, guarded, timing_failed
 from autockpt.planner.timing.timing_room import TimingRoom
 from autockpt.planner.trace.fx_graph import Segment
 
@@ -116,7 +116,7 @@ class ModuleCosts:
     @property
     def source(self) -> str:
         if self.failure:
-            return f"estimated: timing the real model failed ({self.failure})"
+            return timing_failed(self.failure)
         return (
             "of the plain step and of whole plans timed on the real model"
             f"{self.stopwatch.runs_said()}, the options' estimated"

@@ -57,6 +57,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from autockpt.errors import describe_error
 from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.timing.calibration import TimeModel
 from autockpt.planner.timing.stopwatch import Stopwatch
@@ -207,7 +208,7 @@ class MeasuredCosts:
     @property
     def source(self) -> str:
         if self.failure:
-            return f"estimated: timing the real model failed ({self.failure})"
+            return timing_failed(self.failure)
         own = (
             "; the plain step is the model's own, its torch.utils.checkpoint calls recomputing "
             "(NOTE [The model's own checkpoints, timed])"
@@ -334,6 +335,11 @@ class _Failing(Protocol):
     failure: str
 
 
+def timing_failed(failure: str) -> str:
+    """The costs' source where timing the real model failed with ``failure``."""
+    return f"estimated: timing the real model failed ({failure})"
+
+
 def guarded(costs: _Failing, timed: Callable[[], _T], estimated: Callable[[], _T]) -> _T:
     """``timed()``, or ``estimated()`` from the first time timing fails on (``costs.failure``
     then says how)."""
@@ -341,8 +347,7 @@ def guarded(costs: _Failing, timed: Callable[[], _T], estimated: Callable[[], _T
         try:
             return timed()
         except Exception as error:  # noqa: BLE001 - a model that cannot be timed is estimated
-            first_line = str(error).splitlines()[0][:120] if str(error) else ""
-            costs.failure = f"{type(error).__name__}: {first_line}"
+            costs.failure = describe_error(error)
     return estimated()
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from autockpt.errors import TraceError
+from autockpt.errors import TraceError, first_line
 from autockpt.planner.core.fake_copies import fake_copy, storages
 from autockpt.planner.core.fake_mode import PlanningFakeMode
 from autockpt.planner.core.output_structure import (
@@ -274,7 +274,7 @@ def trace_graph(
             return graph
         except Exception as error:  # fx raises many types; all mean "not traceable here"
             failing_path = next(reversed(tracer.module_stack), "") if tracer.module_stack else ""
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            reason = first_line(error)
             if not constants and (defaults := plain_python_defaults(type(model).forward)):
                 # NOTE [Python arguments]: once more, with those arguments as constants.
                 constants = defaults

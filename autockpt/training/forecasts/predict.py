@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from autockpt.errors import RunError
+from autockpt.errors import RunError, first_line
 from autockpt.training.forecasts.evaluate import Evaluation
 from autockpt.training.forecasts.scores_by_part import PartEvaluation, ScoresByPart, scoring_of
 from autockpt.training.options.data_source import read_windows
@@ -143,9 +143,8 @@ def load_trained_model(
         model = TemporalFusionTransformer(config)
         model.load_state_dict(checkpoint["model"])
     except (KeyError, ValueError, RuntimeError) as error:
-        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise RunError(
-            f"{run.file(BEST_FILE)} is not a TFT checkpoint of autockpt ({first_line}); "
+            f"{run.file(BEST_FILE)} is not a TFT checkpoint of autockpt ({first_line(error)}); "
             "pass the folder of a run made by autockpt train"
         ) from None
     return model.to(device).eval(), config, normalizer

@@ -41,7 +41,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from tft.data.sources.data_source import DataSource
-from tft.errors import DataError
+from tft.errors import DataError, first_line
 
 __all__ = [
     "FILE_COLUMN",
@@ -106,7 +106,7 @@ def _file_schemas(source: DataSource, files: list[Path]) -> list[pa.Schema]:
         try:
             schemas.append(footer(path).schema.to_arrow_schema())
         except (pa.ArrowException, OSError) as error:
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            reason = first_line(error)
             raise _error(
                 source,
                 f"{source.name_of(path)} cannot be read as Parquet ({reason}); move it out "

@@ -176,7 +176,6 @@ def _grown(
             },
             "given_roles": meta.given_roles if fitted_here else None,
             "fitted_on": meta.fitted_on if fitted_here else None,
-            "fitted_on_times_ns": meta.fitted_on_times_ns if fitted_here else None,
         }
     )
 

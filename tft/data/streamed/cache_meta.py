@@ -11,6 +11,7 @@ from tft.data.sources.data_source import DataSource
 
 __all__ = [
     "DISTINCT_TIMES_FILE",
+    "FittedOn",
     "META_FILE",
     "META_VERSION",
     "RowCacheMeta",
@@ -18,7 +19,8 @@ __all__ = [
     "read_meta",
 ]
 
-META_VERSION = 1
+META_VERSION = 2
+"""2: the split the scales were fitted on is one field (:class:`FittedOn`)."""
 META_FILE = "rows.json"
 #: The sorted distinct times of the rows, int64 ns (NOTE [Distinct times on disk]).
 DISTINCT_TIMES_FILE = "distinct_times.bin"
@@ -59,6 +61,18 @@ class SourceFile(BaseModel):
         return {part.path: part for part in self.parts} if self.parts else {self.path: self}
 
 
+class FittedOn(BaseModel):
+    """The split a cache's scales were fitted on: its training rows."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    shares: list[float] | None = None
+    """The shares of the distinct times (train, validation, test), for a split by shares."""
+    starts_ns: list[int] | None = None
+    """Where validation and test begin (ns), for a split by dates; with ``shares``, None for
+    scales fitted on every row (no split)."""
+
+
 class RowCacheMeta(BaseModel):
     """What a cache folder holds and how it was encoded (``rows.json``)."""
 
@@ -68,11 +82,8 @@ class RowCacheMeta(BaseModel):
     source: SourceFile
     given_roles: dict[str, Any] | None
     """The roles asked for when the normaliser was fitted; None when one was given."""
-    fitted_on: list[float] | None
-    """The split the normaliser was fitted with (its training rows); None when given."""
-    fitted_on_times_ns: list[int] | None = None
-    """The split times it was fitted with, where the split is by dates (then ``fitted_on``
-    is None)."""
+    fitted_on: FittedOn | None
+    """The split the normaliser was fitted on; None when one was given."""
     normalizer: dict[str, Any]
     num_rows: int
     widths: dict[str, int]

@@ -47,6 +47,7 @@ from tft.data.streamed.distinct_times import DistinctTimes
 from tft.data.streamed.read_order import ReadOrder, read_order
 from tft.data.timestamps import read_times
 from tft.data.warmup import RunningWarmup, real_inputs
+from tft.errors import first_line
 
 __all__ = [
     "Chunk",
@@ -99,7 +100,7 @@ def read_chunks(
                 if rows_read is not None:
                     rows_read(done, total)
         except (pa.ArrowException, OSError) as error:
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            reason = first_line(error)
             raise _error(
                 DataSource.of(file),
                 f"cannot be read as Parquet ({reason}); pass a Parquet file of bars",

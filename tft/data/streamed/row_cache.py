@@ -64,6 +64,7 @@ from tft.data.streamed.cache_meta import (
     DISTINCT_TIMES_FILE,
     META_FILE,
     META_VERSION,
+    FittedOn,
     RowCacheMeta,
     SourceFile,
     read_meta,
@@ -125,7 +126,7 @@ def _same_encoding(
     if normalizer is not None:
         return meta.normalizer == normalizer.to_dict()
     given = (roles or ColumnRoles()).model_dump(mode="json")
-    fitted_on = (meta.fitted_on, meta.fitted_on_times_ns)
+    fitted_on = meta.fitted_on
     return meta.given_roles == given and fitted_on == _fitted_on(split)
 
 
@@ -133,11 +134,11 @@ _Split = tuple[Sequence[float] | None, tuple[int, int] | None]
 """(split fractions, split starts in ns): the split of a run, by shares or by dates."""
 
 
-def _fitted_on(split: _Split) -> tuple[list[float] | None, list[int] | None]:
+def _fitted_on(split: _Split) -> FittedOn:
     fractions, starts_ns = split
     if starts_ns is not None:
-        return None, list(starts_ns)
-    return (list(fractions) if fractions is not None else None), None
+        return FittedOn(starts_ns=list(starts_ns))
+    return FittedOn(shares=list(fractions) if fractions is not None else None)
 
 
 def _growth_floor(normalizer: Normalizer | None, split: _Split) -> int | None:
@@ -337,8 +338,7 @@ def _build(
         meta = meta.model_copy(
             update={
                 "given_roles": None if given_normalizer else asked.model_dump(mode="json"),
-                "fitted_on": None if given_normalizer else _fitted_on(split)[0],
-                "fitted_on_times_ns": None if given_normalizer else _fitted_on(split)[1],
+                "fitted_on": None if given_normalizer else _fitted_on(split),
             }
         )
         (partial / META_FILE).write_text(meta.model_dump_json(indent=1), encoding="utf-8")
