@@ -225,6 +225,10 @@ def _fsdp_worker(rank: int, world_size: int, port: int, out: str) -> None:
         dist.barrier()  # leave together (see autockpt.training.host.distributed.process_group)
     finally:
         dist.destroy_process_group()
+    # Out without the interpreter's teardown: now and then a rank aborted at the end of a run
+    # under pytest ("terminate called without an active exception"; why is not known yet):
+    # 4 of 32 runs of this test alone, none of 14 leaving this way.
+    os._exit(0)
 
 
 @pytest.mark.slow
