@@ -1051,6 +1051,75 @@ MUTATIONS = (
         ("tests/tft/test_cache_grown_from_another.py",),
     ),
     Mutation(
+        "changed-file-rebuilds-the-whole-cache",
+        "a late fix to one contract's file encodes every contract's rows again",
+        "tft/data/streamed/row_cache.py",
+        "            grown = grow_cache(path, folder, meta, source, floor, reading) or reencode_touched(\n",
+        "            grown = grow_cache(path, folder, meta, source, floor, reading) or None and (\n",
+        ("tests/tft/test_cache_reencoded.py",),
+    ),
+    Mutation(
+        "reencoded-symbol-read-from-its-changed-files-alone",
+        "a touched symbol is encoded again from the changed files alone, so its rows in the "
+        "other files are lost and its series starts at the changed file",
+        "tft/data/streamed/updates/cache_reencode.py",
+        "    holding = [own[name] for name, bars in file_symbols.items() if set(bars) & set(touched)]\n",
+        "    holding = fresh\n",
+        ("tests/tft/test_cache_reencoded.py",),
+    ),
+    Mutation(
+        "reencoded-symbols-miss-the-removed-files",
+        "the symbols of a removed file are not touched, so the cache keeps its rows",
+        "tft/data/streamed/updates/cache_reencode.py",
+        "    read_again = [*(meta.file_symbols[name] for name in [*changed, *removed]), *fresh_bars.values()]\n",
+        "    read_again = [*(meta.file_symbols[name] for name in changed), *fresh_bars.values()]\n",
+        ("tests/tft/test_cache_reencoded.py",),
+    ),
+    Mutation(
+        "reencoded-past-the-floor",
+        "a changed training day of a split by dates is encoded again with the scales fitted on "
+        "the rows it replaced",
+        "tft/data/streamed/updates/cache_reencode.py",
+        "    if any(first < floor_ns for bars in read_again for first in bars.values()):\n",
+        "    if False:\n",
+        ("tests/tft/test_cache_reencoded.py",),
+    ),
+    Mutation(
+        "reencoded-warmup-counts-kept",
+        "the warm-up rows a re-encoded symbol lost stay in the column table's counts",
+        "tft/data/streamed/updates/cache_reencode.py",
+        "                meta.warmup_rows, walker.warmup.warmup_counts_by_symbol(symbols), again\n",
+        "                meta.warmup_rows, {}, set()\n",
+        ("tests/tft/test_cache_reencoded.py",),
+    ),
+    Mutation(
+        "reencoded-unknown-counts-kept",
+        "the unknown categories of a re-encoded symbol's new rows are not counted",
+        "tft/data/streamed/updates/cache_reencode.py",
+        "                meta.unknown_rows, counts_by_symbol(symbols, unknown), again\n",
+        "                meta.unknown_rows, {}, set()\n",
+        ("tests/tft/test_cache_reencoded.py",),
+    ),
+    Mutation(
+        "reencoded-distinct-times-kept",
+        "the distinct times of a cache re-encoded are the old ones, so a split by shares cuts "
+        "at times no bar has now",
+        "tft/data/streamed/updates/cache_reencode.py",
+        "    distinct = _count_distinct_times(partial, num_rows, chunk_rows)\n",
+        "    distinct = meta.distinct_times\n"
+        '    __import__("shutil").copy(folder / DISTINCT_TIMES_FILE, partial / DISTINCT_TIMES_FILE)\n',
+        ("tests/tft/test_cache_reencoded.py",),
+    ),
+    Mutation(
+        "grown-cache-forgets-its-new-files-symbols",
+        "a cache grown by new files does not keep their symbols, so a later change to any file "
+        "rebuilds the whole cache",
+        "tft/data/streamed/updates/cache_growth.py",
+        '            "file_symbols": {**meta.file_symbols, **order.file_symbols()},\n',
+        '            "file_symbols": meta.file_symbols,\n',
+        ("tests/tft/test_cache_reencoded.py",),
+    ),
+    Mutation(
         "bracketed-file-name-read-as-a-pattern",
         "a file whose name holds a bracket (bars[2024].parquet) is read as a glob pattern that "
         "matches nothing",
@@ -1193,15 +1262,15 @@ MUTATIONS = (
         "a streamed folder that gained a day's file rebuilds its whole row cache, reading and "
         "encoding every bar again",
         "tft/data/streamed/row_cache.py",
-        "            grown = grow_cache(path, folder, meta, source, floor, reading)\n",
-        "            grown = None\n",
+        "            grown = grow_cache(path, folder, meta, source, floor, reading) or reencode_touched(\n",
+        "            grown = None or reencode_touched(\n",
         ("tests/tft/test_cache_growth.py",),
     ),
     Mutation(
         "grown-cache-forgets-the-last-bar",
         "a grown cache starts each symbol's new rows with no bar before them, so the new day's "
         "first log return is dropped and its rows are not the build's",
-        "tft/data/streamed/cache_growth.py",
+        "tft/data/streamed/updates/cache_growth.py",
         "        walker.carry[code] = (time_ns, value, -1)\n",
         "        pass\n",
         ("tests/tft/test_cache_growth.py",),
@@ -1210,7 +1279,7 @@ MUTATIONS = (
         "grown-cache-blocks-left-in-place",
         "a grown cache copies each symbol's old rows to their old places, so the new rows of "
         "one symbol overwrite the next symbol's",
-        "tft/data/streamed/cache_growth.py",
+        "tft/data/streamed/updates/cache_growth.py",
         '                files.copy_rows(name, reused / f"{name}.bin", span, int(grown_bounds[code]))\n',
         '                files.copy_rows(name, reused / f"{name}.bin", span, int(bounds[code]))\n',
         ("tests/tft/test_cache_growth.py",),
@@ -1228,9 +1297,9 @@ MUTATIONS = (
         "cache-grown-with-a-given-normaliser-still-says-fitted",
         "a cache grown with the run's normaliser still says it was fitted on a split of the "
         "folder, so a new run fitting on the grown folder reuses scales of the old rows",
-        "tft/data/streamed/cache_growth.py",
-        "    fitted_here = floor_ns != NO_FLOOR  # a run's own fit by dates keeps describing the cache\n",
-        "    fitted_here = True\n",
+        "tft/data/streamed/updates/cache_rewrite.py",
+        "            fitted_here = floor_ns != NO_FLOOR  # a run's own fit by dates still describes it\n",
+        "            fitted_here = True\n",
         ("tests/tft/test_cache_growth.py",),
     ),
     Mutation(

@@ -108,21 +108,6 @@ def test_a_split_by_shares_refits_its_scales_on_a_new_day(
     _assert_identical(_stream(folder, tmp_path / "fresh"), again)
 
 
-def test_a_changed_or_removed_file_rebuilds(sample_parquet: Path, tmp_path: Path) -> None:
-    folder = write_folder(sample_parquet, tmp_path / "bars")
-    first = _stream(folder, tmp_path / "cache", split_fractions=None, normalizer=None)
-    normalizer = first.normalizer
-    day = sorted((folder / "symbol=NQ").iterdir())[2]
-    table = pq.read_table(day)
-    pq.write_table(table.slice(0, table.num_rows - 1), day)  # a late fix drops a bar
-    lines: list[str] = []
-    again = _stream(folder, tmp_path / "cache", lines, normalizer=normalizer, split_fractions=None)
-    assert again.cache_use == "built" and _encoded_rows(lines) == 41_400 - 1
-    day.unlink()
-    again = _stream(folder, tmp_path / "cache", normalizer=normalizer, split_fractions=None)
-    assert again.cache_use == "built"
-
-
 def test_a_new_bar_before_its_symbols_last_rebuilds_and_is_sorted_in(
     sample_parquet: Path, tmp_path: Path
 ) -> None:

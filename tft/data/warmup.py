@@ -60,6 +60,8 @@ class RunningWarmup:
         self.names = names
         self.counts = dict.fromkeys(names, 0)
         """Each column's warm-up rows so far (rows before its first value in their symbol)."""
+        self.symbol_counts: dict[int, np.ndarray] = {}
+        """The same counts, each symbol's apart (by symbol code, in ``names``' order)."""
         # Per symbol code: which inputs have had a finite value in its rows so far.
         self.seen: dict[int, np.ndarray] = {}
 
@@ -80,8 +82,12 @@ class RunningWarmup:
         carried = np.stack([self.seen.get(int(code), none) for code in codes[starts]])
         seen = (total - before[group] > 0) | carried[group]
         ends = np.concatenate([starts[1:], [len(codes)]]) - 1
-        for code, last in zip(codes[starts].tolist(), ends.tolist(), strict=True):
+        per_group = np.add.reduceat((~seen).astype(np.int64), starts, axis=0)
+        for code, last, counts in zip(
+            codes[starts].tolist(), ends.tolist(), per_group, strict=True
+        ):
             self.seen[code] = seen[last]
+            self.symbol_counts[code] = self.symbol_counts.get(code, 0) + counts
         for name, count in zip(self.names, (~seen).sum(axis=0).tolist(), strict=True):
             self.counts[name] += count
         return ~seen.all(axis=1)
@@ -97,3 +103,11 @@ class RunningWarmup:
     def warmup_counts(self) -> dict[str, int]:
         """The column table's warm-up rows of each column that has any."""
         return {name: count for name, count in self.counts.items() if count}
+
+    def warmup_counts_by_symbol(self, symbols: list[str]) -> dict[str, dict[str, int]]:
+        """:meth:`warmup_counts` of each symbol that has any (``symbols`` names the codes)."""
+        return {
+            symbols[code]: counted
+            for code, counts in sorted(self.symbol_counts.items())
+            if (counted := {n: int(c) for n, c in zip(self.names, counts, strict=True) if c})
+        }

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from tft.data.sources.data_source import DataSource
@@ -16,11 +17,17 @@ __all__ = [
     "META_VERSION",
     "RowCacheMeta",
     "SourceFile",
+    "SymbolCounts",
+    "add_counts",
+    "counts_by_symbol",
+    "with_symbols",
     "read_meta",
 ]
 
-META_VERSION = 2
-"""2: the split the scales were fitted on is one field (:class:`FittedOn`)."""
+META_VERSION = 3
+"""2: the split the scales were fitted on is one field (:class:`FittedOn`); 3: the counts of
+unknown categories and warm-up rows are each symbol's, and a folder's files list their
+symbols (NOTE [A cache re-encoded where its files changed])."""
 META_FILE = "rows.json"
 #: The sorted distinct times of the rows, int64 ns (NOTE [Distinct times on disk]).
 DISTINCT_TIMES_FILE = "distinct_times.bin"
@@ -73,6 +80,43 @@ class FittedOn(BaseModel):
     scales fitted on every row (no split)."""
 
 
+SymbolCounts = dict[str, dict[str, int]]
+"""Rows by symbol, then by column; symbols and columns with none left out."""
+
+
+def counts_by_symbol(symbols: list[str], by_column: dict[str, np.ndarray]) -> SymbolCounts:
+    """``by_column``'s per-symbol-code counts (each an array over ``symbols``) by symbol."""
+    counts: SymbolCounts = {}
+    for name, per_code in by_column.items():
+        for code in np.flatnonzero(per_code).tolist():
+            counts.setdefault(symbols[code], {})[name] = int(per_code[code])
+    return dict(sorted(counts.items()))
+
+
+def with_symbols(counts: SymbolCounts, new: SymbolCounts, symbols: set[str]) -> SymbolCounts:
+    """``counts`` with ``symbols``' counts those of ``new`` (which counted them again)."""
+    kept = {s: c for s, c in counts.items() if s not in symbols}
+    return dict(sorted({**kept, **{s: c for s, c in new.items() if s in symbols}}.items()))
+
+
+def add_counts(counts: SymbolCounts, more: SymbolCounts) -> SymbolCounts:
+    """Both counts added, symbol by symbol and column by column."""
+    added = {symbol: dict(columns) for symbol, columns in counts.items()}
+    for symbol, columns in more.items():
+        mine = added.setdefault(symbol, {})
+        for name, rows in columns.items():
+            mine[name] = mine.get(name, 0) + rows
+    return dict(sorted(added.items()))
+
+
+def _totals(counts: SymbolCounts) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for columns in counts.values():
+        for name, rows in columns.items():
+            totals[name] = totals.get(name, 0) + rows
+    return totals
+
+
 class RowCacheMeta(BaseModel):
     """What a cache folder holds and how it was encoded (``rows.json``)."""
 
@@ -90,15 +134,28 @@ class RowCacheMeta(BaseModel):
     """Columns of each 2-D role file (observed, known, categorical, static)."""
     num_known_categorical: int
     symbol_bounds: list[int]
-    unknown_rows: dict[str, int]
-    warmup_rows: dict[str, int] = {}
-    """Each real input's warm-up rows dropped (NOTE [Warm-up rows])."""
+    unknown_rows: SymbolCounts
+    """Each symbol's rows of each categorical and static column whose category was unknown."""
+    warmup_rows: SymbolCounts = {}
+    """Each symbol's warm-up rows dropped, by real input (NOTE [Warm-up rows])."""
     distinct_times: int
     columns: str = ""
     """The source's columns and their types, as read (a folder's unified schema)."""
     last_bars: dict[str, tuple[int, float]] = {}
     """Each symbol's last bar read: its time (ns) and raw target value, which the first new
     row of a grown cache is transformed against (NOTE [A cache grown by new files])."""
+    file_symbols: dict[str, dict[str, int]] = {}
+    """Each of a folder's files (by resolved path): the first bar (ns) of each symbol it holds,
+    which says what its change touches (NOTE [A cache re-encoded where its files changed]);
+    none for one file."""
+
+    def unknown_totals(self) -> dict[str, int]:
+        """The rows of each column whose category was unknown, every symbol's."""
+        return _totals(self.unknown_rows)
+
+    def warmup_totals(self) -> dict[str, int]:
+        """The warm-up rows of each real input that has any, every symbol's."""
+        return _totals(self.warmup_rows)
 
 
 def read_meta(folder: Path) -> RowCacheMeta | None:

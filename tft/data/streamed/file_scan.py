@@ -150,6 +150,8 @@ class RowWalker:
             order they appear.
         warmup: drops each symbol's warm-up rows of these real inputs (NOTE [Warm-up rows]
             in :mod:`tft.data.warmup`), carrying what each symbol has seen between chunks.
+        only: keep the rows of these symbol codes alone (a mask over ``symbols``; NOTE [A
+            cache re-encoded where its files changed]); every symbol's rows are still checked.
     """
 
     def __init__(
@@ -159,8 +161,9 @@ class RowWalker:
         symbol: str | None,
         symbols: list[str] | None,
         warmup: RunningWarmup | None = None,
+        only: np.ndarray | None = None,
     ) -> None:
-        self.path, self.roles, self.symbol = path, roles, symbol
+        self.path, self.roles, self.symbol, self.only = path, roles, symbol, only
         self.warmup = warmup if warmup is not None else RunningWarmup([])
         self.hint = symbol_hint(_read_schema(path), roles.model_copy(update={"symbol": symbol}))
         self.discover = symbols is None
@@ -245,6 +248,8 @@ class RowWalker:
             )
         # Warm-up rows go after the transform, as in memory (NOTE [Warm-up rows]).
         cold = ~self.warmup.warm(table, ext_local[keep], ext_codes[keep])
+        if self.only is not None:
+            cold &= self.only[ext_codes[keep]]
         return ChunkRows(
             local=ext_local[keep][cold],
             file_rows=ext_file[keep][cold],
@@ -273,7 +278,6 @@ class FileLayout:
     kept_per_symbol: np.ndarray  # (S,) int64 kept rows of each symbol, in symbol order
     distinct_times: np.ndarray  # sorted int64 ns of the kept rows, mapped from their file
     num_file_rows: int
-    warmup_counts: dict[str, int]  # the warm-up rows of each real input that has any
     order: ReadOrder
     """The files the passes read, in order (NOTE [Streaming a folder in time order])."""
 
@@ -350,7 +354,6 @@ def scan_layout(
         kept_per_symbol=np.asarray([kept.get(s, 0) for s in symbols], dtype=np.int64),
         distinct_times=distinct_times,
         num_file_rows=num_rows,
-        warmup_counts=walker.warmup.warmup_counts(),
         order=order,
     )
 

@@ -61,11 +61,21 @@ class ReadOrder:
     says."""
     schema: pa.Schema | None
     """The folder's unified columns and hive keys the files are read with; None for one file."""
+    first_bars: tuple[dict[str, int], ...] | None = None
+    """Each file's symbols, each with its first bar there (ns; the symbol ``""`` for one
+    series); None for one file."""
 
     @classmethod
     def of_file(cls, path: DataSource) -> ReadOrder:
         """One file, read as it is."""
         return cls(root=path, files=(path.file,), rows_per_file=None, schema=None)
+
+    def file_symbols(self) -> dict[str, dict[str, int]]:
+        """:attr:`first_bars` by each file's resolved path (a cache's ``file_symbols``)."""
+        if self.first_bars is None:
+            return {}
+        pairs = zip(self.files, self.first_bars, strict=True)
+        return {str(file.resolve()): dict(sorted(bars.items())) for file, bars in pairs}
 
 
 @dataclass
@@ -126,14 +136,18 @@ def read_order(
         for name, stretch in mine.items():
             stretches.setdefault(name, []).append(stretch)
     first_bar = [2**63 - 1] * len(files)  # a file with no rows goes last
-    for stretch in (s for group in stretches.values() for s in group):
-        first_bar[stretch.file] = min(first_bar[stretch.file], stretch.first_ns)
+    first_bars: list[dict[str, int]] = [{} for _ in files]
+    for name, group in stretches.items():
+        for stretch in group:
+            first_bar[stretch.file] = min(first_bar[stretch.file], stretch.first_ns)
+            first_bars[stretch.file][name] = stretch.first_ns
     order = _topological(path, files, _edges(path, files, stretches), first_bar)
     return ReadOrder(
         root=path,
         files=tuple(files[i] for i in order),
         rows_per_file=tuple(rows_per_file[i] for i in order),
         schema=schema,
+        first_bars=tuple(first_bars[i] for i in order),
     )
 
 

@@ -23,7 +23,9 @@ The cache is keyed by the source file's resolved path, size and modification tim
 folder's: each of its files'). It is reused when those match and it was encoded the same way
 (the same normaliser, or fitted with the same roles and split); a folder that has only gained
 files grows by their rows (NOTE [A cache grown by new files] in
-:mod:`tft.data.streamed.cache_growth`); otherwise it is rebuilt. It is written into a sibling folder and
+:mod:`tft.data.streamed.updates.cache_growth`), one whose files changed or went re-encodes the symbols
+they held (NOTE [A cache re-encoded where its files changed] in
+:mod:`tft.data.streamed.updates.cache_reencode`); otherwise it is rebuilt. It is written into a sibling folder and
 renamed into place, so a failed or interrupted build leaves nothing behind, except where the
 process is killed outright (``kill -9``, the machine's out-of-memory killer): then the sibling
 ``<name>.partial-<pid>`` stays, possibly gigabytes of it, and :func:`remove_stale_builds`
@@ -59,7 +61,6 @@ from tft.data.sources.data_source import DataPaths, DataSource
 from tft.data.splits import cut_points
 from tft.data.streamed.build_folder import building_beside, put_in_place
 from tft.data.streamed.build_progress import BuildProgress
-from tft.data.streamed.cache_growth import NO_FLOOR, grow_cache
 from tft.data.streamed.cache_meta import (
     DISTINCT_TIMES_FILE,
     META_FILE,
@@ -67,12 +68,16 @@ from tft.data.streamed.cache_meta import (
     FittedOn,
     RowCacheMeta,
     SourceFile,
+    counts_by_symbol,
     read_meta,
 )
 from tft.data.streamed.distinct_times import read_time_file
 from tft.data.streamed.file_scan import FileLayout, RowWalker, scan_layout
 from tft.data.streamed.fitted_scales import fit_statistics
 from tft.data.streamed.row_writer import ROLE_FILES, RoleFiles, encode_rows, role_widths
+from tft.data.streamed.updates.cache_growth import grow_cache
+from tft.data.streamed.updates.cache_reencode import reencode_touched
+from tft.data.streamed.updates.cache_rewrite import NO_FLOOR
 from tft.data.warmup import RunningWarmup, real_inputs
 from tft.errors import DataError
 
@@ -208,7 +213,9 @@ def cached_rows(
         floor = _growth_floor(normalizer, split)
         grown = None
         if meta is not None and encoded_as_asked and floor is not None:
-            grown = grow_cache(path, folder, meta, source, floor, reading)
+            grown = grow_cache(path, folder, meta, source, floor, reading) or reencode_touched(
+                path, folder, meta, source, floor, reading
+            )
         elif meta is None and floor is not None:
             nearest = _nearest_cache(folder, source, roles, normalizer, split, grow_from)
             if nearest is not None:
@@ -377,8 +384,8 @@ def _write_rows(
         widths=widths,
         num_known_categorical=len(roles.categorical_columns(roles.known)),
         symbol_bounds=bounds.tolist(),
-        unknown_rows=unknown_rows,
-        warmup_rows=layout.warmup_counts,
+        unknown_rows=counts_by_symbol(layout.symbols, unknown_rows),
+        warmup_rows=walker.warmup.warmup_counts_by_symbol(layout.symbols),
         distinct_times=len(layout.distinct_times),
         columns=str(_read_schema(path)),
         last_bars={
@@ -386,4 +393,5 @@ def _write_rows(
             for code, symbol in enumerate(layout.symbols)
             if code in walker.carry
         },
+        file_symbols=layout.order.file_symbols(),
     )

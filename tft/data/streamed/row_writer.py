@@ -4,7 +4,7 @@ Each role (NOTE [Row cache] in :mod:`tft.data.streamed.row_cache`) is one raw fi
 rows grouped by symbol; :func:`encode_rows` reads chunks of the data, encodes their kept rows
 with a fitted normaliser and writes each symbol's rows at that symbol's write cursor. A fresh
 build starts the cursors at each symbol's first row; a cache grown by new files
-(:mod:`tft.data.streamed.cache_growth`) starts them after each symbol's rows already there.
+(:mod:`tft.data.streamed.updates.cache_growth`) starts them after each symbol's rows already there.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def encode_rows(
     written: np.ndarray,
     normalizer: Normalizer,
     reading: tuple[int, BuildProgress | None],
-) -> dict[str, int]:
+) -> dict[str, np.ndarray]:
     """Encode every chunk of ``order``'s files and write its rows at their symbols' cursors.
 
     Args:
@@ -115,7 +115,8 @@ def encode_rows(
         reading: rows per chunk, and who hears how far the pass is.
 
     Returns:
-        The rows of each categorical and static column whose category was unknown.
+        The rows of each categorical and static column whose category was unknown, an array
+        over the symbol codes.
 
     Raises:
         DataError: a value that cannot be encoded (naming its file and row).
@@ -130,7 +131,8 @@ def encode_rows(
     ]
     static = roles.static or []
     widths = role_widths(roles)
-    unknown_rows = dict.fromkeys([*time_varying, *static], 0)
+    num_symbols = len(normalizer.symbols)
+    unknown_rows = {name: np.zeros(num_symbols, np.int64) for name in [*time_varying, *static]}
     columns = list(
         dict.fromkeys([*walker.columns(), *observed_reals, *known_reals, *time_varying, *static])
     )
@@ -156,7 +158,8 @@ def encode_rows(
             codes[name], unknown = encode_categories(
                 rows.text(table, name), normalizer.categories[name]
             )
-            unknown_rows[name] += unknown
+            if unknown:
+                unknown_rows[name] += np.bincount(index[codes[name] == 0], minlength=num_symbols)
         arrays = {
             "observed": observed,
             "known": known,

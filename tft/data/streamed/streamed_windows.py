@@ -110,6 +110,6 @@ def stream_windows(
     starts, cuts = part_windows(path, rows.time_ns, symbol_bounds, distinct_times, split, window)
     if rows.files is not None:
         rows.files.release()
-    counts = meta.warmup_rows
-    data = windowed_data(rows, starts, fitted, schema, meta.unknown_rows, window, counts, cuts)
+    unknown, warmup = meta.unknown_totals(), meta.warmup_totals()
+    data = windowed_data(rows, starts, fitted, schema, unknown, window, warmup, cuts)
     return dataclasses.replace(data, cache_use=cache_use)

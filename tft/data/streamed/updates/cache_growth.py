@@ -16,11 +16,11 @@ and so its scales, are unchanged. A split by shares moves with every new bar, so
 rebuilds, as does one fitted on every row (no split). The new rows continue each symbol's
 series: the first one's target transform is taken against the symbol's last bar, which the
 cache keeps (``RowCacheMeta.last_bars``), and every symbol's inputs are past their warm-up (a
-symbol whose rows were all warm-up so far rebuilds). Anything else rebuilds the whole cache:
-a file changed or removed (what it held can change how every later row encodes, such as the
-next file's first log return), a new column, a new symbol, a static column whose value
-changes, a new bar not after its symbol's last; the build then says what is wrong, if
-anything is.
+symbol whose rows were all warm-up so far rebuilds). Files changed or removed re-encode the
+symbols they held, under the same conditions (NOTE [A cache re-encoded where its files
+changed] in :mod:`tft.data.streamed.updates.cache_reencode`). Anything else rebuilds the whole cache:
+a new column, a new symbol, a static column whose value changes, a new bar not after its
+symbol's last; the build then says what is wrong, if anything is.
 """
 
 from __future__ import annotations
@@ -33,20 +33,22 @@ import numpy as np
 from tft.data.columns import _read_schema
 from tft.data.normalize import Normalizer
 from tft.data.sources.data_source import DataSource
-from tft.data.streamed.build_folder import building_beside, put_in_place
 from tft.data.streamed.build_progress import BuildProgress, rows_line
-from tft.data.streamed.cache_meta import DISTINCT_TIMES_FILE, META_FILE, RowCacheMeta, SourceFile
+from tft.data.streamed.cache_meta import (
+    DISTINCT_TIMES_FILE,
+    RowCacheMeta,
+    SourceFile,
+    add_counts,
+    counts_by_symbol,
+)
 from tft.data.streamed.distinct_times import DistinctTimes, merge_time_files
 from tft.data.streamed.file_scan import RowWalker, read_chunks
 from tft.data.streamed.read_order import ReadOrder, read_order
 from tft.data.streamed.row_writer import ROLE_FILES, RoleFiles, encode_rows
+from tft.data.streamed.updates.cache_rewrite import rewrite_cache
 from tft.data.warmup import RunningWarmup, real_inputs
-from tft.errors import DataError
 
 __all__ = ["grow_cache"]
-
-NO_FLOOR = -(2**63)
-"""The floor of new bars' times where any new bar keeps the scales (a given normaliser)."""
 
 
 def grow_cache(
@@ -89,16 +91,13 @@ def grow_cache(
     ):
         return None
     reused = grown_from if grown_from is not None else folder
-    try:
-        with building_beside(folder) as partial:
-            grown = _grown(path, reused, partial, meta, normalizer, added, floor_ns, reading)
-            if grown is None:
-                return None
-            grown = grown.model_copy(update={"source": source})
-            (partial / META_FILE).write_text(grown.model_dump_json(indent=1), encoding="utf-8")
-            put_in_place(partial, folder)
-    except DataError:
-        # What is wrong is for the build to say, in the words it says it in.
+    grown = rewrite_cache(
+        folder,
+        source,
+        floor_ns,
+        lambda partial: _grown(path, reused, partial, meta, normalizer, added, floor_ns, reading),
+    )
+    if grown is None:
         return None
     new_rows = grown.num_rows - meta.num_rows
     whose = "its" if grown_from is None else f"the row cache {grown_from.name}'s"
@@ -162,20 +161,18 @@ def _grown(
         reused / DISTINCT_TIMES_FILE, new_file, partial / DISTINCT_TIMES_FILE
     )
     new_file.unlink()
-    fitted_here = floor_ns != NO_FLOOR  # a run's own fit by dates keeps describing the cache
     return meta.model_copy(
         update={
             "num_rows": num_rows,
             "symbol_bounds": grown_bounds.tolist(),
-            "unknown_rows": {
-                name: meta.unknown_rows.get(name, 0) + n for name, n in unknown.items()
-            },
+            "unknown_rows": add_counts(
+                meta.unknown_rows, counts_by_symbol(normalizer.symbols, unknown)
+            ),
+            "file_symbols": {**meta.file_symbols, **order.file_symbols()},
             "distinct_times": distinct,
             "last_bars": {
                 symbol: walker.carry[code][:2] for code, symbol in enumerate(normalizer.symbols)
             },
-            "given_roles": meta.given_roles if fitted_here else None,
-            "fitted_on": meta.fitted_on if fitted_here else None,
         }
     )
 
