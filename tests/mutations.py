@@ -881,8 +881,8 @@ MUTATIONS = (
         "a row cache fitted with one split's training rows is reused for a split by other "
         "dates, so its scales come from rows the new split validates on",
         "tft/data/streamed/row_cache.py",
-        "    fitted_on = meta.fitted_on\n",
-        "    fitted_on = _fitted_on(split)\n",
+        "    return meta.given_roles == given and meta.fitted_on == _fitted_on(split)\n",
+        "    return meta.given_roles == given\n",
         ("tests/tft/test_split_dates.py",),
     ),
     Mutation(
@@ -1046,8 +1046,8 @@ MUTATIONS = (
         "of the caches beside it a new one grows from the one of the fewest files, reading "
         "again what another holds encoded",
         "tft/data/streamed/row_cache.py",
-        "        if best is None or len(before) > len(best[1].source.files()):\n",
-        "        if best is None or len(before) < len(best[1].source.files()):\n",
+        "        if best is None or files > len(best[1].source.files()):\n",
+        "        if best is None or files < len(best[1].source.files()):\n",
         ("tests/tft/test_cache_grown_from_another.py",),
     ),
     Mutation(
@@ -1108,6 +1108,15 @@ MUTATIONS = (
         "    distinct = _count_distinct_times(partial, num_rows, chunk_rows)\n",
         "    distinct = meta.distinct_times\n"
         '    __import__("shutil").copy(folder / DISTINCT_TIMES_FILE, partial / DISTINCT_TIMES_FILE)\n',
+        ("tests/tft/test_cache_reencoded.py",),
+    ),
+    Mutation(
+        "reencoded-static-change-kept",
+        "a static column whose value changes in a changed file is re-encoded as a new code "
+        "within the contract, where a build refuses the column as static",
+        "tft/data/streamed/updates/cache_reencode.py",
+        "    if not _statics_constant(partial, width, new_bounds, touched, chunk_rows):\n",
+        "    if False:\n",
         ("tests/tft/test_cache_reencoded.py",),
     ),
     Mutation(

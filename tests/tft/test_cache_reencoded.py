@@ -20,18 +20,20 @@ from tests.tft.test_cache_growth import (
 )
 from tests.tft.test_parquet_folder import write_folder
 from tft.data.windows import WindowedData
+from tft.errors import DataError
 
 DATES = {"split_fractions": None, "split_times": ("2024-01-10", "2024-01-15")}
 
 
 def _trader_folder(sample: Path, root: Path) -> Path:
-    """The sample as daily files per contract, with a session category in every file and
-    ES's first bars of one indicator still warming up."""
+    """The sample as daily files per contract, with a session category and an exchange (a
+    static column) in every file, and ES's first bars of one indicator still warming up."""
     folder = write_folder(sample, root)
     for index, path in enumerate(sorted(folder.rglob("*.parquet"))):
         table = pq.read_table(path)
         session = np.where(np.arange(table.num_rows) % 2 == 0, "day", "night")
         table = table.append_column("session", pa.array(session))
+        table = table.append_column("exchange", pa.array(["CME"] * table.num_rows))
         if index == 0:  # ES's first day
             values = table["volatility_3"].to_numpy().copy()
             values[:5] = np.nan
@@ -45,15 +47,15 @@ def _day(folder: Path, symbol: str, index: int) -> Path:
     return sorted((folder / f"symbol={symbol}").iterdir())[index]
 
 
-def _rewrite(day: Path, *, last_bar: bool = True, session: str | None = None) -> None:
-    """A late fix to a day's file: written again without its last bar, or with its sessions
-    renamed."""
+def _rewrite(day: Path, *, last_bar: bool = True, **names: str) -> None:
+    """A late fix to a day's file: written again without its last bar, or with a text
+    column's values renamed (``session="auction"``)."""
     table = pq.read_table(day)
     if not last_bar:
         table = table.slice(0, table.num_rows - 1)
-    if session is not None:
-        names = pa.array([session] * table.num_rows)
-        table = table.set_column(table.schema.get_field_index("session"), "session", names)
+    for column, value in names.items():
+        values = pa.array([value] * table.num_rows)
+        table = table.set_column(table.schema.get_field_index(column), column, values)
     pq.write_table(table, day)
 
 
@@ -161,3 +163,17 @@ def test_predict_after_a_late_fix_encodes_that_contract_alone(
     files = len(list(folder.glob("symbol=ES/*.parquet")))
     assert f"rows of ES from {files} files (1 changed file held them)" in said, said
     assert forecasts.is_file()
+
+
+def test_a_static_column_changed_in_one_file_is_refused_as_a_build_refuses_it(
+    sample_parquet: Path, tmp_path: Path
+) -> None:
+    folder = _trader_folder(sample_parquet, tmp_path / "bars")
+    trained = _stream(folder, tmp_path / "cache")
+    _rewrite(_day(folder, "ES", -1), exchange="CBOT")
+    with pytest.raises(DataError) as refused:
+        _stream(folder, tmp_path / "cache", normalizer=trained.normalizer)
+    with pytest.raises(DataError) as built:
+        _stream(folder, tmp_path / "fresh", normalizer=trained.normalizer)
+    assert str(refused.value) == str(built.value)
+    assert "exchange" in str(refused.value)

@@ -158,6 +158,10 @@ class DataSource:
                 found.setdefault(file.resolve(), file.absolute())
         return sorted(found.values())
 
+    def files_by_resolved(self) -> dict[str, Path]:
+        """:meth:`files`, each by its resolved path (how a row cache names them)."""
+        return {str(file.resolve()): file for file in self.files()}
+
     def name_of(self, file: Path) -> Path:
         """``file`` as the messages name it: relative to :attr:`base`."""
         return file.relative_to(self.base)

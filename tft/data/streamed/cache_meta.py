@@ -67,6 +67,11 @@ class SourceFile(BaseModel):
         the one file itself."""
         return {part.path: part for part in self.parts} if self.parts else {self.path: self}
 
+    def unchanged_in(self, now: SourceFile) -> bool:
+        """Whether every file of this source is among ``now``'s files as it was."""
+        current = now.files()
+        return all(current.get(name) == part for name, part in self.files().items())
+
 
 class FittedOn(BaseModel):
     """The split a cache's scales were fitted on: its training rows."""

@@ -131,8 +131,7 @@ def _same_encoding(
     if normalizer is not None:
         return meta.normalizer == normalizer.to_dict()
     given = (roles or ColumnRoles()).model_dump(mode="json")
-    fitted_on = meta.fitted_on
-    return meta.given_roles == given and fitted_on == _fitted_on(split)
+    return meta.given_roles == given and meta.fitted_on == _fitted_on(split)
 
 
 _Split = tuple[Sequence[float] | None, tuple[int, int] | None]
@@ -252,7 +251,6 @@ def _nearest_cache(
     only the new files are read, as a cache grows by a folder's new files (NOTE [A cache
     grown by new files]), under the same conditions.
     """
-    now = source.files()
     candidates = sorted(folder.parent.iterdir()) if folder.parent.is_dir() else []
     best: tuple[Path, RowCacheMeta] | None = None
     for other in dict.fromkeys([*candidates, *also]):
@@ -261,10 +259,10 @@ def _nearest_cache(
         meta = read_meta(other)
         if meta is None or not _same_encoding(meta, roles, normalizer, split):
             continue
-        before = meta.source.files()
-        if len(before) >= len(now) or any(now.get(name) != part for name, part in before.items()):
+        files = len(meta.source.files())
+        if files >= len(source.files()) or not meta.source.unchanged_in(source):
             continue
-        if best is None or len(before) > len(best[1].source.files()):
+        if best is None or files > len(best[1].source.files()):
             best = (other, meta)
     return best
 

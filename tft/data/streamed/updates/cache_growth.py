@@ -75,11 +75,10 @@ def grow_cache(
             cache of fewer of the same files: NOTE [A cache grown from another]); ``folder``
             when None.
     """
-    before, now = meta.source.files(), source.files()
-    if any(now.get(name) != part for name, part in before.items()):
+    if not meta.source.unchanged_in(source):
         return None
-    own = {str(file.resolve()): file for file in path.files()}
-    added = [own[name] for name in sorted(now) if name not in before]
+    before, own = meta.source.files(), path.files_by_resolved()
+    added = [own[name] for name in sorted(source.files()) if name not in before]
     if not added:
         return None
     counts = np.diff(np.asarray(meta.symbol_bounds, dtype=np.int64))

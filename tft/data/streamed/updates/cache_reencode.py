@@ -85,7 +85,7 @@ def reencode_touched(
     ):
         return None
     chunk_rows, progress = reading
-    own = {str(file.resolve()): file for file in path.files()}
+    own = path.files_by_resolved()
     fresh = [own[name] for name in sorted(now) if name in changed or name not in before]
     try:
         fresh_bars = (
@@ -157,7 +157,8 @@ def _reencoded(
         unknown = encode_rows(order, files, walker, new_bounds[:-1].copy(), normalizer, reading)
     finally:
         files.close()
-    if not _statics_constant(partial, meta.widths.get("static", 0), new_bounds, touched):
+    width = meta.widths.get("static", 0)
+    if not _statics_constant(partial, width, new_bounds, touched, chunk_rows):
         return None
     distinct = _count_distinct_times(partial, num_rows, chunk_rows)
     again = set(touched_symbols)
@@ -197,25 +198,41 @@ def _count_rows(
     return counts
 
 
-def _statics_constant(partial: Path, width: int, bounds: np.ndarray, touched: np.ndarray) -> bool:
+def _statics_constant(
+    partial: Path, width: int, bounds: np.ndarray, touched: np.ndarray, chunk_rows: int
+) -> bool:
     """Whether every touched symbol's static codes are one from its first row to its last (a
-    static column whose value changes is the build's to resolve or refuse)."""
+    static column whose value changes is the build's to resolve or refuse); read a chunk at
+    a time (NOTE [Counting times read, not mapped])."""
     if width == 0:
         return True
-    static = np.memmap(partial / "static.bin", dtype=np.int64, mode="r").reshape(-1, width)
-    return all(
-        (static[bounds[code] : bounds[code + 1]] == static[bounds[code]]).all()
-        for code in np.flatnonzero(touched).tolist()
-    )
+    row_bytes = width * np.dtype(np.int64).itemsize
+    with open(partial / "static.bin", "rb") as static:
+        for code in np.flatnonzero(touched).tolist():
+            begin, end = int(bounds[code]), int(bounds[code + 1])
+            static.seek(begin * row_bytes)
+            first = np.fromfile(static, dtype=np.int64, count=width)
+            static.seek(begin * row_bytes)
+            for at in range(begin, end, chunk_rows):
+                rows = min(chunk_rows, end - at)
+                block = np.fromfile(static, dtype=np.int64, count=rows * width)
+                if (block.reshape(rows, width) != first).any():
+                    return False
+    return True
 
 
 def _count_distinct_times(partial: Path, num_rows: int, chunk_rows: int) -> int:
     """The distinct times of the rows written to ``partial``, counted a chunk at a time and
-    written to its distinct-times file (NOTE [Distinct times on disk])."""
-    times = np.memmap(partial / "time_ns.bin", dtype=np.int64, mode="r", shape=(num_rows,))
+    written to its distinct-times file (NOTE [Distinct times on disk]).
+
+    NOTE [Counting times read, not mapped]
+    The cache's files are read here a chunk at a time, not mapped: the pages of a mapping stay
+    the process's resident memory once read (0.91 GiB at the peak of re-encoding one contract
+    of a 60M-bar history, against 0.53 GiB for its build), a chunk read is freed."""
     distinct = DistinctTimes(partial)
-    for first in range(0, num_rows, chunk_rows):
-        distinct.add(np.asarray(times[first : first + chunk_rows]))
+    with open(partial / "time_ns.bin", "rb") as times:
+        for _ in range(0, num_rows, chunk_rows):
+            distinct.add(np.fromfile(times, dtype=np.int64, count=chunk_rows))
     return len(distinct.finish(partial / DISTINCT_TIMES_FILE))
 
 
