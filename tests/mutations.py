@@ -1288,10 +1288,10 @@ MUTATIONS = (
         "grown-cache-blocks-left-in-place",
         "a grown cache copies each symbol's old rows to their old places, so the new rows of "
         "one symbol overwrite the next symbol's",
-        "tft/data/streamed/updates/cache_growth.py",
-        '                files.copy_rows(name, reused / f"{name}.bin", span, int(grown_bounds[code]))\n',
-        '                files.copy_rows(name, reused / f"{name}.bin", span, int(bounds[code]))\n',
-        ("tests/tft/test_cache_growth.py",),
+        "tft/data/streamed/updates/cache_rewrite.py",
+        '            files.copy_rows(name, reused / f"{name}.bin", span, int(new_bounds[code]))\n',
+        '            files.copy_rows(name, reused / f"{name}.bin", span, int(bounds[code]))\n',
+        ("tests/tft/test_cache_growth.py", "tests/tft/test_cache_reencoded.py"),
     ),
     Mutation(
         "split-by-shares-grows-with-old-scales",

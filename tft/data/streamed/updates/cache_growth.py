@@ -42,10 +42,14 @@ from tft.data.streamed.cache_meta import (
     counts_by_symbol,
 )
 from tft.data.streamed.distinct_times import DistinctTimes, merge_time_files
-from tft.data.streamed.file_scan import RowWalker, read_chunks
+from tft.data.streamed.file_scan import RowWalker
 from tft.data.streamed.read_order import ReadOrder, read_order
-from tft.data.streamed.row_writer import ROLE_FILES, RoleFiles, encode_rows
-from tft.data.streamed.updates.cache_rewrite import rewrite_cache
+from tft.data.streamed.row_writer import RoleFiles, encode_rows
+from tft.data.streamed.updates.cache_rewrite import (
+    copy_symbol_blocks,
+    count_kept_rows,
+    rewrite_cache,
+)
 from tft.data.warmup import RunningWarmup, real_inputs
 
 __all__ = ["grow_cache"]
@@ -145,10 +149,7 @@ def _grown(
     num_rows = int(grown_bounds[-1])
     files = RoleFiles(partial, meta.widths, num_rows)
     try:
-        for name in ROLE_FILES:
-            for code in range(len(normalizer.symbols)):
-                span = (int(bounds[code]), int(bounds[code + 1]))
-                files.copy_rows(name, reused / f"{name}.bin", span, int(grown_bounds[code]))
+        copy_symbol_blocks(files, reused, bounds, grown_bounds, range(len(normalizer.symbols)))
         written = grown_bounds[:-1] + np.diff(bounds)
         walker = _walker(path, normalizer, meta)
         unknown = encode_rows(order, files, walker, written, normalizer, reading)
@@ -187,14 +188,9 @@ def _count_new_rows(
     """Each symbol's kept rows in the new files, and their sorted distinct times, written to
     ``times_file`` (NOTE [Distinct times on disk])."""
     chunk_rows, progress = reading
-    walker = _walker(path, normalizer, meta)
-    counts = np.zeros(len(normalizer.symbols), dtype=np.int64)
     times = DistinctTimes(times_file.parent)
     read = rows_line(progress, "counting the new files' rows")
-    for chunk in read_chunks(order, walker.columns(), chunk_rows, read):
-        rows = walker.rows(chunk)
-        counts += np.bincount(rows.symbol_index, minlength=len(counts))
-        times.add(rows.time_ns)
+    counts = count_kept_rows(order, _walker(path, normalizer, meta), chunk_rows, read, times)
     return counts, times.finish(times_file)
 
 

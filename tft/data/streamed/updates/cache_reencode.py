@@ -42,10 +42,14 @@ from tft.data.streamed.cache_meta import (
     with_symbols,
 )
 from tft.data.streamed.distinct_times import DistinctTimes
-from tft.data.streamed.file_scan import RowWalker, read_chunks
-from tft.data.streamed.read_order import ReadOrder, read_order
-from tft.data.streamed.row_writer import ROLE_FILES, RoleFiles, encode_rows
-from tft.data.streamed.updates.cache_rewrite import rewrite_cache
+from tft.data.streamed.file_scan import RowWalker
+from tft.data.streamed.read_order import read_order
+from tft.data.streamed.row_writer import RoleFiles, encode_rows
+from tft.data.streamed.updates.cache_rewrite import (
+    copy_symbol_blocks,
+    count_kept_rows,
+    rewrite_cache,
+)
 from tft.data.warmup import RunningWarmup, real_inputs
 from tft.errors import DataError
 
@@ -140,20 +144,19 @@ def _reencoded(
     roles, symbols = normalizer.roles, normalizer.symbols
     touched = np.isin(np.asarray(symbols, dtype=object), touched_symbols)
     order = read_order(path, roles, roles.symbol, chunk_rows, progress, files=list(holding))
-    counts = np.diff(np.asarray(meta.symbol_bounds, dtype=np.int64))
-    counts[touched] = _count_rows(path, order, normalizer, touched, reading)[touched]
+    bounds = np.asarray(meta.symbol_bounds, dtype=np.int64)
+    counts = np.diff(bounds)
+    read = rows_line(progress, "counting the touched symbols' rows")
+    counter = _walker(path, normalizer, touched)
+    counts[touched] = count_kept_rows(order, counter, chunk_rows, read)[touched]
     if not counts.all():
         return None  # a symbol left with no rows: its symbols are the build's to find
-    bounds = np.asarray(meta.symbol_bounds, dtype=np.int64)
     new_bounds = np.concatenate([[0], np.cumsum(counts)])
     num_rows = int(new_bounds[-1])
     files = RoleFiles(partial, meta.widths, num_rows)
     walker = _walker(path, normalizer, touched)
     try:
-        for name in ROLE_FILES:
-            for code in np.flatnonzero(~touched).tolist():
-                span = (int(bounds[code]), int(bounds[code + 1]))
-                files.copy_rows(name, folder / f"{name}.bin", span, int(new_bounds[code]))
+        copy_symbol_blocks(files, folder, bounds, new_bounds, np.flatnonzero(~touched).tolist())
         unknown = encode_rows(order, files, walker, new_bounds[:-1].copy(), normalizer, reading)
     finally:
         files.close()
@@ -179,23 +182,6 @@ def _reencoded(
             },
         }
     )
-
-
-def _count_rows(
-    path: DataSource,
-    order: ReadOrder,
-    normalizer: Normalizer,
-    touched: np.ndarray,
-    reading: tuple[int, BuildProgress | None],
-) -> np.ndarray:
-    """Each symbol's kept rows in ``order``'s files, the touched symbols' alone."""
-    chunk_rows, progress = reading
-    walker = _walker(path, normalizer, touched)
-    counts = np.zeros(len(touched), dtype=np.int64)
-    read = rows_line(progress, "counting the touched symbols' rows")
-    for chunk in read_chunks(order, walker.columns(), chunk_rows, read):
-        counts += np.bincount(walker.rows(chunk).symbol_index, minlength=len(counts))
-    return counts
 
 
 def _statics_constant(
