@@ -1592,6 +1592,27 @@ MUTATIONS = (
         "        except ZeroDivisionError as error:\n",
         ("tests/planner/timing/test_module_stopwatch.py",),
     ),
+    Mutation(
+        "shared-tensor-cut-by-its-size",
+        "training_step cuts a batch by its dim-0 sizes alone: at a last batch the size of a "
+        "shared tensor, that tensor is cut into the micro-batches (wrong gradients)",
+        "autockpt/planner/training_step.py",
+        "    leaves = plan.batch_leaves if plan is not None else None\n",
+        "    leaves = None\n",
+        (
+            "tests/planner/core/test_batch_split.py::"
+            "test_a_last_batch_the_size_of_a_shared_tensor_is_cut_as_the_plan_was",
+        ),
+    ),
+    Mutation(
+        "batch-flags-held-for-another-structure",
+        "the plan's flags of the batch's leaves are used on a batch of another structure "
+        "(dict keys in another order)",
+        "autockpt/planner/core/batch_split.py",
+        "    if str(spec) != structure or len(leaves) != len(flags):\n",
+        "    if len(leaves) != len(flags):\n",
+        ("tests/planner/core/test_batch_split.py",),
+    ),
 )
 
 

@@ -23,6 +23,7 @@ from autockpt.errors import (
     warn_at_the_callers_line,
 )
 from autockpt.planner.compiled_search import MAX_COMPILES, plan_compiled
+from autockpt.planner.core.batch_split import batch_size_of, carrying_leaves
 from autockpt.planner.core.decisions import Parallelism
 from autockpt.planner.core.host_settings import cyclic_gc_paused, one_cpu_thread
 from autockpt.planner.core.step_budget import BudgetGiven, StepBudget, read_budget
@@ -37,7 +38,7 @@ from autockpt.planner.measure.sharding import (
 )
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.pipeline import PlanRequest
-from autockpt.planner.plan_types import Plan
+from autockpt.planner.plan_types import BatchLeaves, Plan
 from autockpt.planner.trace.module_chain import Tracing
 from autockpt.planner.verify import REPLANNING, verify_plan
 from autockpt.progress import (
@@ -357,7 +358,17 @@ def _plan_round(
             f"({describe_error(error)}); the traceback is this error's cause: train it "
             "without a plan, or with tracing='forward-hooks'"
         ) from error
-    return _per_rank(result, budget, share)
+    # NOTE [The batch's leaves, as planned]: the batch it was planned at says what carries it.
+    size = batch_size_of(example_inputs)
+    inputs_structure, inputs = carrying_leaves(example_inputs, size)
+    targets_structure, targets = carrying_leaves(request.example_targets, size)
+    leaves = BatchLeaves(
+        inputs_structure=inputs_structure,
+        inputs=inputs,
+        targets_structure=targets_structure,
+        targets=targets,
+    )
+    return _per_rank(result.model_copy(update={"batch_leaves": leaves}), budget, share)
 
 
 def _rank_refusal(

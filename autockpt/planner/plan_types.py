@@ -153,6 +153,20 @@ class PeakBreakdown(BaseModel):
     NOTE [Per-rank accounting]. The other parts are one rank's (its shards under FSDP)."""
 
 
+class BatchLeaves(BaseModel):
+    """Which tensors of the batch the plan was made at carry the batch: the inputs' and the
+    targets' tree structure (as ``torch.utils._pytree`` writes it) and one flag per leaf, in
+    ``tree_flatten``'s order (NOTE [The batch's leaves, as planned] in
+    :mod:`autockpt.planner.core.batch_split`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    inputs_structure: str
+    inputs: list[bool]
+    targets_structure: str
+    targets: list[bool]
+
+
 class Plan(BaseModel):
     """What to recompute, how to split the batch, and the predicted peak: the planner's answer.
 
@@ -217,6 +231,10 @@ class Plan(BaseModel):
     """Ranks training together; the budget, the peak and the breakdown are one rank's."""
     parallelism: Parallelism = "single"
     """How the ranks share the work: ``single``, ``ddp`` or ``fsdp`` (NOTE [Per-rank accounting])."""
+    batch_leaves: BatchLeaves | None = None
+    """Which leaves of the inputs and targets carry the batch, as planned: what
+    :func:`autockpt.training_step` cuts into micro-batches at any later batch of the same
+    structure. None: a plan saved before they were recorded (dim-0 sizes decide)."""
     compile_fraction: float | None = None
     """None: the step runs eager. A number: :func:`autockpt.apply` compiles the planned module
     with inductor at this ``activation_memory_budget``, and the peak, the step time and the

@@ -8,7 +8,12 @@ from typing import Any, Literal
 
 import torch
 
-from autockpt.planner.core.batch_split import batch_size_of, piece_sizes, split_batch
+from autockpt.planner.core.batch_split import (
+    batch_size_of,
+    flagged_batch_size,
+    piece_sizes,
+    split_batch,
+)
 from autockpt.planner.loss_chunks import chunked_loss_of
 from autockpt.planner.plan_types import Plan
 from autockpt.planner.runtime.head_cut import features_before_head
@@ -28,9 +33,10 @@ def training_step(
     and the loss in chunks of positions where the plan says so (``plan.loss_chunks``, NOTE
     [Loss over positions in chunks]).
 
-    Every tensor of the inputs and targets that carries the batch (dim 0 the size of the
-    largest dim 0, inside tuples, lists and dicts too) is split along dim 0 into the plan's
-    number of pieces, and other values go whole to every piece; each piece
+    Every tensor of the inputs and targets that carries the batch (those that did at the
+    batch the plan was made at, ``plan.batch_leaves``; for another structure, those whose dim
+    0 is the most common dim-0 size; inside tuples, lists and dicts too) is split along dim 0
+    into the plan's number of pieces, and other values go whole to every piece; each piece
     runs forward, ``loss_fn(output, *targets)`` and backward, and the gradients add up in the
     parameters' ``.grad``. With ``loss_reduction="mean"`` each piece's loss is weighted by its
     share of the batch, so the gradients equal those of one pass over the whole batch (up to
@@ -61,9 +67,9 @@ def training_step(
         loss.backward()
         return loss.detach()
     # Every tensor that carries the batch is cut, in nests too (autockpt.planner.core.batch_split).
-    batch = batch_size_of(inputs) or 1
-    split_inputs = split_batch(inputs, pieces, batch_size=batch)
-    split_targets = split_batch(targets, pieces, batch_size=batch)
+    batch, (input_flags, target_flags) = _batch_cut(plan, inputs, targets)
+    split_inputs = split_batch(inputs, pieces, batch_size=batch, flags=input_flags)
+    split_targets = split_batch(targets, pieces, batch_size=batch, flags=target_flags)
     sizes = piece_sizes(inputs, pieces, batch_size=batch)
     # A Python number: a tensor here would stay alive through every later piece, on top of
     # what the plan measured (one piece, nothing else held). On CUDA reading it waits for the
@@ -79,6 +85,22 @@ def training_step(
         total += float(loss.detach())
         del loss
     return torch.tensor(total, dtype=torch.float32)
+
+
+def _batch_cut(
+    plan: Plan | None, inputs: Sequence[Any], targets: Sequence[Any]
+) -> tuple[int, tuple[list[bool] | None, list[bool] | None]]:
+    """The batch size and which leaves of the inputs and targets to cut: as the plan's batch
+    had them (NOTE [The batch's leaves, as planned]) where this batch has the same structure
+    and the flagged leaves agree on a size, else (``None``) as their dim-0 sizes say."""
+    leaves = plan.batch_leaves if plan is not None else None
+    if leaves is not None:
+        size = flagged_batch_size(inputs, leaves.inputs_structure, leaves.inputs)
+        if size is not None and size == flagged_batch_size(
+            targets, leaves.targets_structure, leaves.targets, size=size
+        ):
+            return size, (leaves.inputs, leaves.targets)
+    return batch_size_of(inputs) or 1, (None, None)
 
 
 def _loss(

@@ -8,6 +8,19 @@ other value (a shared mask, a scalar, a flag) goes whole to every piece. Pieces 
 Micro-batches (:func:`~autockpt.planner.training_step.training_step`, the planner's measurement of
 one piece) and the separability probe (:mod:`autockpt.planner.measure.separability`) cut with these
 functions, so what the probe vouches for is what training runs.
+
+NOTE [The batch's leaves, as planned]
+Which tensors carry the batch is read off their dim-0 sizes, and one batch can make that
+ambiguous: a ``DataLoader``'s last batch of 4 samples beside a shared ``scale`` of shape (4,)
+gives both dim 0 = 4, and the scale, whole in the plain step, was cut into the micro-batches'
+pieces (a wrong value in each piece's forward, or a shape that no longer broadcasts). The batch
+the plan was made at says which leaves carry it: the plan records the inputs' and the targets' structure
+and one flag per leaf (:func:`carrying_leaves`, ``Plan.batch_leaves``), and
+:func:`~autockpt.planner.training_step.training_step` cuts a later batch by those flags where it
+has the same structure (containers, dict keys in order) and its flagged leaves agree on a size
+(:func:`flagged_batch_size`); otherwise
+(another structure, a plan saved before it recorded them) the sizes decide, as before. A batch
+planned at a size a shared leaf has too stays ambiguous: nothing in one batch tells them apart.
 """
 
 from __future__ import annotations
@@ -30,8 +43,44 @@ def batch_size_of(values: Sequence[Any]) -> int | None:
     return max(counts, key=lambda size: (counts[size], -sizes.index(size)))
 
 
+def carrying_leaves(values: Sequence[Any], batch_size: int | None) -> tuple[str, list[bool]]:
+    """The tree structure of ``values`` (as ``torch.utils._pytree`` writes it: containers, dict
+    keys) and one flag per leaf in ``tree_flatten``'s order: whether it carries a batch of
+    ``batch_size`` (NOTE [The batch's leaves, as planned])."""
+    leaves, spec = tree_flatten(list(values))
+    return str(spec), [_carries(leaf, batch_size) for leaf in leaves]
+
+
+def flagged_batch_size(
+    values: Sequence[Any], structure: str, flags: Sequence[bool], *, size: int | None = None
+) -> int | None:
+    """The batch size of ``values`` as ``structure`` and ``flags`` (from
+    :func:`carrying_leaves` at another batch) mark it: the dim 0 every flagged leaf shares,
+    which must be ``size`` where given. ``None`` where ``values`` has another structure, a
+    flagged leaf has no rows, or the flagged leaves disagree; ``size`` (or ``None``) where
+    none is flagged."""
+    leaves, spec = tree_flatten(list(values))
+    if str(spec) != structure or len(leaves) != len(flags):
+        return None
+    sizes = {
+        int(leaf.shape[0]) if _has_rows(leaf) else -1
+        for leaf, flag in zip(leaves, flags, strict=True)
+        if flag
+    }
+    if not sizes:
+        return size
+    found = sizes.pop()
+    if sizes or found < 0 or (size is not None and found != size):
+        return None
+    return found
+
+
 def split_batch(
-    values: Sequence[Any], pieces: int, *, batch_size: int | None = None
+    values: Sequence[Any],
+    pieces: int,
+    *,
+    batch_size: int | None = None,
+    flags: Sequence[bool] | None = None,
 ) -> list[list[Any]]:
     """``values`` cut into ``pieces`` along the batch (see the module docstring).
 
@@ -40,6 +89,8 @@ def split_batch(
         pieces: how many pieces; more than the batch size gives empty last pieces.
         batch_size: the batch size to cut (default: :func:`batch_size_of` ``values``); pass
             the inputs' when cutting targets, so that both are cut alike.
+        flags: which leaves to cut, one flag per leaf (NOTE [The batch's leaves, as
+            planned]); given, ``batch_size`` is not read.
 
     Returns:
         One list per piece, each like ``values`` with every batch-carrying tensor replaced by
@@ -51,9 +102,12 @@ def split_batch(
     if pieces == 1:
         return [list(values)]  # the very tensors: no views for the tracker or the model
     leaves, spec = tree_flatten(list(values))
-    size = batch_size if batch_size is not None else batch_size_of(values)
+    if flags is None:
+        size = batch_size if batch_size is not None else batch_size_of(values)
+        flags = [_carries(leaf, size) for leaf in leaves]
     cut = [
-        torch.tensor_split(leaf, pieces, dim=0) if _carries(leaf, size) else None for leaf in leaves
+        torch.tensor_split(leaf, pieces, dim=0) if flag else None
+        for leaf, flag in zip(leaves, flags, strict=True)
     ]
     pairs = list(zip(leaves, cut, strict=True))
     return [

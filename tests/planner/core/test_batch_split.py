@@ -9,7 +9,13 @@ import torch
 from torch import nn
 
 import autockpt
-from autockpt.planner.core.batch_split import batch_size_of, piece_sizes, split_batch
+from autockpt.planner.core.batch_split import (
+    batch_size_of,
+    carrying_leaves,
+    flagged_batch_size,
+    piece_sizes,
+    split_batch,
+)
 from tests.zoo.untraceable import DictBatchModel, OwnLossLM, _dict_batch, _labelled_ids
 
 
@@ -92,3 +98,60 @@ def test_a_model_that_does_not_trace_and_averages_its_own_loss_gets_micro_batche
     autockpt.training_step(autockpt.apply(model, plan), plan, inputs, (), loss_fn)
     for name, gradient in _gradients(model).items():
         torch.testing.assert_close(gradient, want[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+class _SharedWeights(nn.Module):
+    """``forward(x, weights)``: ``x`` (B, 8) per sample, ``weights`` (4,) shared by every
+    sample, read through their mean (so a piece of them gives a wrong value, not an error)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * weights.mean()
+
+
+def _squared_error(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((output - target) ** 2).mean()
+
+
+def test_a_last_batch_the_size_of_a_shared_tensor_is_cut_as_the_plan_was():
+    # NOTE [The batch's leaves, as planned]: at 4 samples the shared (4,) weights look like
+    # the batch by their size; the plan, made at 16, knows they are not.
+    torch.manual_seed(0)
+    model = _SharedWeights()
+    weights = torch.rand(4) + 0.5
+    plan = autockpt.plan(
+        model,
+        (torch.randn(16, 8), weights),
+        10**12,
+        loss_fn=_squared_error,
+        example_targets=(torch.randn(16, 8),),
+    )
+    assert plan.batch_leaves is not None
+    assert (plan.batch_leaves.inputs, plan.batch_leaves.targets) == ([True, False], [True])
+    split = plan.model_copy(update={"num_micro_batches": 2})
+    last, targets = (torch.randn(4, 8), weights), (torch.randn(4, 8),)
+    autockpt.training_step(model, None, last, targets, _squared_error)
+    want = _gradients(model)
+    model.zero_grad(set_to_none=True)
+    autockpt.training_step(autockpt.apply(model, split), split, last, targets, _squared_error)
+    for name, gradient in _gradients(model).items():
+        torch.testing.assert_close(gradient, want[name], rtol=1e-5, atol=1e-6, msg=name)
+    # A plan that recorded nothing (saved before) cuts by the sizes: the weights too.
+    first, _ = split_batch(last, 2)
+    assert first[1].shape == (2,)
+
+
+def test_flags_hold_only_for_a_batch_of_the_same_structure():
+    x, shared = torch.randn(6, 3), torch.randn(6)
+    structure, flags = carrying_leaves(({"x": x, "shared": torch.randn(3)},), 6)
+    assert flags == [True, False]
+    assert flagged_batch_size(({"x": x[:2], "shared": shared},), structure, flags) == 2
+    # Keys in another order, another container, or flagged leaves that disagree: no answer.
+    assert flagged_batch_size(({"shared": shared, "x": x},), structure, flags) is None
+    assert flagged_batch_size(([x, shared],), structure, flags) is None
+    two_flagged = carrying_leaves(({"x": x, "shared": shared},), 6)
+    assert flagged_batch_size(({"x": x, "shared": shared[:2]},), *two_flagged) is None
+    assert flagged_batch_size((), *carrying_leaves((), 6), size=6) == 6
