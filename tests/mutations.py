@@ -1613,6 +1613,16 @@ MUTATIONS = (
         "    if len(leaves) != len(flags):\n",
         ("tests/planner/core/test_batch_split.py",),
     ),
+    Mutation(
+        "fitting-plans-timed-on-a-line-of-small-pieces",
+        "a plan that fits at the whole batch but can run on the samples timed is timed there "
+        "and read off their line, whose pieces of a few samples stand for it 13-30% under",
+        "autockpt/planner/solve/staged_search.py",
+        "        whole = runner.fits_whole(found[1], self.usable_bytes)\n        candidates",
+        "        whole = not runner.can_run(found[0]) and runner.fits_whole(\n"
+        "            found[1], self.usable_bytes\n        )\n        candidates",
+        ("tests/planner/solve/test_whole_plan_timing.py",),
+    ),
 )
 
 

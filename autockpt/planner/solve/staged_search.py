@@ -163,9 +163,9 @@ class StagedSearch:
                 if runner is None:
                     break
                 # The sums say stop; the plan timed whole must agree (NOTE [Whole-plan timing]).
-                whole = not runner.can_run(found[0])
-                if whole and not runner.fits_whole(found[1], self.usable_bytes):
-                    break  # neither on the samples timed nor at the whole batch: the sums stand
+                whole = runner.fits_whole(found[1], self.usable_bytes)
+                if not whole and not runner.can_run(found[0]):
+                    break  # neither at the whole batch nor on the samples timed: the sums stand
                 stage_timed = self._timed([found], runner, at_whole_batch=whole)
                 if stage_timed is None:
                     break  # timing failed: the sums stand
@@ -204,13 +204,9 @@ class StagedSearch:
         """NOTE [Whole-plan timing]: the fastest of the plans that fit, timed whole (``None``
         where only one plan fits and it was not timed: ``found`` stands)."""
         timed = stage_timed if stage_timed and stage_timed.decision == found[0] else None
-        whole = not runner.can_run(found[0])
+        whole = runner.fits_whole(found[1], self.usable_bytes)
         candidates: list[Fit] = []
-        if not whole:
-            candidates = self.search.fitting_alternatives(
-                self.usable_bytes, found, MAX_CANDIDATES, runnable=runner.can_run
-            )
-        elif runner.fits_whole(found[1], self.usable_bytes):
+        if whole:
             # Timed at the whole batch, every candidate alike (NOTE [Whole-plan timing]).
             candidates = [
                 fit
@@ -219,6 +215,10 @@ class StagedSearch:
                 )
                 if runner.fits_whole(fit[1], self.usable_bytes)
             ]
+        elif runner.can_run(found[0]):
+            candidates = self.search.fitting_alternatives(
+                self.usable_bytes, found, MAX_CANDIDATES, runnable=runner.can_run
+            )
         # At the whole batch even one plan is timed: its time is then the plan's own, where
         # the sums stand otherwise; they do not for a module chain, which has no timed sums
         # (NOTE [Timing a module chain]), nor against a model's own checkpointed step.
