@@ -12,14 +12,14 @@ plain ``tft-225`` step took 1.21-1.30 s where alone it takes 0.68 s. The predict
 
 **The zoo** (``--zoo``): each model of ``tests/zoo`` planned at half its plain peak, then the
 planned step (``autockpt.training_step`` and AdamW) against the plain one (backward and
-AdamW), alternating, the median ratio.
+AdamW), alternating, the median ratio; each model in a process of its own, on one thread.
 
 Each row says where the prediction comes from: the plan timed whole against the plain step
 (NOTE [Whole-plan timing]), the sums of the options timed on the real model (NOTE [Timed
 options]), or the time model's estimate.
 
     python3 benchmarks/step_predictions.py --tft --runs 3 --steps 8
-    python3 benchmarks/step_predictions.py --zoo --steps 20
+    python3 benchmarks/step_predictions.py --zoo --steps 40
 
 Run it as a script, alone on the machine.
 """
@@ -130,12 +130,18 @@ def tft_rows(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
 
 
 def zoo_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each zoo model in a process of its own (``--zoo-one``): in one process the models
+    before leave it their freed memory and warmed caches, and the same plan of
+    ``keyword_arguments`` measured 1.53x after the other models and 2.01-2.09x with three
+    before it."""
     from tests.zoo import ZOO
 
-    torch.set_num_threads(1)
     rows = []
     for name in [n for n in args.only.split(",") if n] or list(ZOO):
-        found = zoo_row(name, ZOO[name], args)
+        command = [sys.executable, __file__, "--zoo-one", name]
+        command += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+        done = subprocess.run(command, check=True, capture_output=True, text=True, cwd=REPO)
+        found = json.loads(done.stdout.strip().splitlines()[-1])
         if found is None:
             print(f"| {name} | refused at 50% |", flush=True)
             continue
@@ -223,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tft", action="store_true", help="tft-225 in the trainer")
     parser.add_argument("--zoo", action="store_true", help="the zoo at half its peak")
     parser.add_argument("--only", default="", help="zoo models, comma-separated")
+    parser.add_argument("--zoo-one", default="", help=argparse.SUPPRESS)  # one, as JSON
     parser.add_argument("--shares", default="0.5,0.25", help="tft-225's budgets, shares")
     parser.add_argument("--runs", type=int, default=3, help="tft-225 runs per budget")
     parser.add_argument("--steps", type=int, default=8, help="timed pairs")
@@ -231,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--days", type=int, default=15, help="days of bars for tft-225")
     args = parser.parse_args(argv)
     args.shares = [float(x) for x in args.shares.split(",")]
+    if args.zoo_one:  # one zoo model, in the process zoo_rows started for it
+        from tests.zoo import ZOO
+
+        torch.set_num_threads(1)
+        print(json.dumps(zoo_row(args.zoo_one, ZOO[args.zoo_one], args)))
+        return 0
     print(f"torch {torch.__version__}, load average {os.getloadavg()}")
     print(
         "| case | plan | prediction from | predicted (planned / plain) | measured (planned / plain) "
