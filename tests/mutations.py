@@ -1623,6 +1623,15 @@ MUTATIONS = (
         "            found[1], self.usable_bytes\n        )\n        candidates",
         ("tests/planner/solve/test_whole_plan_timing.py",),
     ),
+    Mutation(
+        "forward-pieces-blind-to-the-forward",
+        "the pieces validation cuts a batch into are measured without the forward's own "
+        "intermediates: a batch whose forward overruns the budget whole runs whole",
+        "autockpt/planner/measure/inference_forward.py",
+        "            peak = tracker.peak_bytes + earlier + joined + as_float\n",
+        "            peak = earlier + joined + as_float\n",
+        ("tests/training/test_validation_budget.py",),
+    ),
 )
 
 

@@ -176,6 +176,9 @@ def _chunked_plan(
     )
     return result.model_copy(
         update={
+            # Measured on the model cut before its head (NOTE [Validation in as few pieces
+            # as fit]): not the forward validation runs.
+            "forward_pieces": None,
             "loss_chunks": _loss_chunks(head, num_chunks, positions),
             "unplanned_peak_bytes": unplanned_bytes or result.unplanned_peak_bytes,
             "unplanned_step_s": max(result.unplanned_step_s - extra_s, 0.0),

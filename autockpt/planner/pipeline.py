@@ -77,6 +77,7 @@ from autockpt.errors import warn_at_the_callers_line
 from autockpt.planner.core.decisions import Parallelism
 from autockpt.planner.core.step_budget import StepBudget
 from autockpt.planner.core.units import Budget, format_bytes
+from autockpt.planner.measure.inference_forward import fewest_forward_pieces
 from autockpt.planner.measure.step_measurer import StepMeasurer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec, StepProfile
 from autockpt.planner.plan_types import Plan, StepTimelines, Strategy
@@ -218,7 +219,11 @@ def plan_one_process(
     decision = chosen.decision
     if decision.num_micro_batches == 1 and not any(a.recompute for a in decision.actions):
         builder.costs = estimated  # nothing to time: the plain step is the plan
-    return plan_report(
+    # NOTE [Validation in as few pieces as fit]; FSDP's ranks gather parameters in forward.
+    most = decision.num_micro_batches * max((a.num_chunks for a in decision.actions), default=1)
+    fsdp = request.parallelism == "fsdp"
+    pieces = None if fsdp else fewest_forward_pieces(measurer, usable_bytes, most=most)
+    plan = plan_report(
         chosen,
         builder,
         budget=budget,
@@ -229,6 +234,7 @@ def plan_one_process(
         planning_s=time.perf_counter() - started,
         planning_peak_bytes=planning_peak_bytes(measurer, costs, device, usable_bytes),
     )
+    return plan.model_copy(update={"forward_pieces": pieces})
 
 
 def budget_decided(

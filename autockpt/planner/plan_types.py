@@ -231,6 +231,11 @@ class Plan(BaseModel):
     """Ranks training together; the budget, the peak and the breakdown are one rank's."""
     parallelism: Parallelism = "single"
     """How the ranks share the work: ``single``, ``ddp`` or ``fsdp`` (NOTE [Per-rank accounting])."""
+    forward_pieces: int | None = None
+    """The fewest pieces a forward without autograd of a batch was measured to fit the budget
+    in (NOTE [Validation in as few pieces as fit] in
+    :mod:`autockpt.planner.measure.inference_forward`); None: not measured, the bound
+    :attr:`inference_pieces` gives stands."""
     batch_leaves: BatchLeaves | None = None
     """Which leaves of the inputs and targets carry the batch, as planned: what
     :func:`autockpt.training_step` cuts into micro-batches at any later batch of the same
@@ -261,7 +266,10 @@ class Plan(BaseModel):
         intermediates at once, which can take more than the training step did. A batch of
         ``batch_size / inference_pieces`` makes no intermediate larger than one of the step's
         chunks and keeps nothing for backward, so its forward peaks no higher than the step.
+        Where planning measured fewer pieces to fit (:attr:`forward_pieces`), those.
         """
+        if self.forward_pieces is not None:
+            return self.forward_pieces
         chunks = [segment.num_chunks for segment in self.segments]
         if self.loss_chunks is not None:
             chunks.append(self.loss_chunks.num_chunks)

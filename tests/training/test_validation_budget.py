@@ -14,7 +14,8 @@ from torch import nn
 
 import autockpt
 from autockpt.training.forecasts.evaluate import forward_in_pieces
-from tests.oracle import LiveBytes
+from tests.helpers import MLPStack
+from tests.oracle import LiveBytes, starting_tensors
 
 
 def _wide_model() -> tuple[nn.Module, torch.Tensor]:
@@ -41,6 +42,33 @@ def test_validation_forward_stays_under_the_budget_the_whole_batch_would_overrun
     with torch.no_grad(), LiveBytes() as pieces:
         got = forward_in_pieces(model, (x,), plan.inference_pieces)
     assert pieces.peak_bytes + parameter_bytes <= budget
+    torch.testing.assert_close(got, want)
+
+
+def test_a_forward_that_fits_in_fewer_pieces_than_the_bound_runs_in_them_within_the_budget():
+    """NOTE [Validation in as few pieces as fit]: a deep stack keeps every block's activations
+    for backward, so its step needs micro-batches or chunks; without autograd one block's are
+    alive at a time, and the forward is measured to fit in fewer pieces. The count holds the
+    budget by the tests' own counter, the trainer's state (parameters, gradients, AdamW's
+    state, the batch) live beside it."""
+    torch.manual_seed(0)
+    model, x = MLPStack(32, 6, 0.0), torch.randn(32, 256, 32)
+    unplanned = autockpt.plan(model, (x,), 10**12).unplanned_peak_bytes
+    budget = int(0.3 * unplanned)
+    plan = autockpt.plan(model, (x,), budget)
+    bound = plan.num_micro_batches * max(s.num_chunks for s in plan.segments)
+    assert plan.forward_pieces is not None and plan.inference_pieces < bound, (plan, bound)
+    optimizer = torch.optim.AdamW(model.parameters())
+    autockpt.training_step(autockpt.apply(model, plan), plan, (x,), (), lambda out: out.sum())
+    optimizer.step()  # the gradients stay: validation may run before they are zeroed
+    with torch.no_grad():
+        want = model(x)
+    counter = LiveBytes()
+    for tensor in starting_tensors(model, optimizer, [x]):
+        counter.hold(tensor)
+    with torch.no_grad(), counter:
+        got = forward_in_pieces(model, (x,), plan.inference_pieces)
+    assert counter.peak_bytes <= budget, f"{counter.peak_bytes:,} over {budget:,}"
     torch.testing.assert_close(got, want)
 
 

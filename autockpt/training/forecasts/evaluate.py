@@ -157,7 +157,8 @@ def forward_in_pieces(
     On an H200 with a 4 GiB card emulated, tft-225 trained at batch 128 with a segment in four
     chunks (a step's peak 3.28 GiB), and the first validation asked for 864 MiB more and ran
     out of memory. So validation cuts each batch into the plan's ``inference_pieces``, which
-    makes no intermediate larger than one of the step's chunks.
+    makes no intermediate larger than one of the step's chunks, or into the fewer pieces
+    planning measured to fit (NOTE [Validation in as few pieces as fit]).
     """
     if pieces <= 1:
         return model(*inputs)
