@@ -14,13 +14,13 @@ Which tensors carry the batch is read off their dim-0 sizes, and one batch can m
 ambiguous: a ``DataLoader``'s last batch of 4 samples beside a shared ``scale`` of shape (4,)
 gives both dim 0 = 4, and the scale, whole in the plain step, was cut into the micro-batches'
 pieces (a wrong value in each piece's forward, or a shape that no longer broadcasts). The batch
-the plan was made at says which leaves carry it: the plan records the inputs' and the targets' structure
-and one flag per leaf (:func:`carrying_leaves`, ``Plan.batch_leaves``), and
+the plan was made at says which leaves carry it: the plan records the inputs' and the targets'
+structure and one flag per leaf (:func:`carrying_leaves`, ``Plan.batch_leaves``), and
 :func:`~autockpt.planner.training_step.training_step` cuts a later batch by those flags where it
 has the same structure (containers, dict keys in order) and its flagged leaves agree on a size
-(:func:`flagged_batch_size`); otherwise
-(another structure, a plan saved before it recorded them) the sizes decide, as before. A batch
-planned at a size a shared leaf has too stays ambiguous: nothing in one batch tells them apart.
+(:func:`flagged_batch_size`); otherwise (another structure, a plan saved before it recorded them)
+the sizes decide, as before. A batch planned at a size a shared leaf has too stays ambiguous:
+nothing in one batch tells them apart.
 """
 
 from __future__ import annotations
@@ -62,17 +62,15 @@ def flagged_batch_size(
     leaves, spec = tree_flatten(list(values))
     if str(spec) != structure or len(leaves) != len(flags):
         return None
-    sizes = {
-        int(leaf.shape[0]) if _has_rows(leaf) else -1
-        for leaf, flag in zip(leaves, flags, strict=True)
-        if flag
-    }
+    flagged = [leaf for leaf, flag in zip(leaves, flags, strict=True) if flag]
+    if not all(_has_rows(leaf) for leaf in flagged):
+        return None
+    sizes = {int(leaf.shape[0]) for leaf in flagged}
     if not sizes:
         return size
-    found = sizes.pop()
-    if sizes or found < 0 or (size is not None and found != size):
+    if len(sizes) > 1 or (size is not None and size not in sizes):
         return None
-    return found
+    return sizes.pop()
 
 
 def split_batch(

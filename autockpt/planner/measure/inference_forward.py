@@ -27,7 +27,7 @@ import warnings
 import torch
 from torch.utils._pytree import tree_map_only
 
-from autockpt.planner.core.batch_split import batch_size_of, split_batch
+from autockpt.planner.core.batch_split import split_batch
 from autockpt.planner.core.memory_tracker import (
     MemoryTracker,
     flat_tensors,
@@ -47,7 +47,7 @@ def fewest_forward_pieces(measurer: StepMeasurer, usable_bytes: int, *, most: in
     mode = state.mode
     if mode is None or most <= 1:
         return None
-    batch = batch_size_of(list(example_inputs)) or 1
+    batch = measurer.batch_size
     with mode, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         inputs = tree_map_only(torch.Tensor, mode.from_tensor, list(example_inputs))
