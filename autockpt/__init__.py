@@ -16,6 +16,7 @@ from autockpt.errors import (
     PlanMismatchError,
     PlanningError,
     RunError,
+    ShapeError,
     TraceError,
 )
 from autockpt.plan_report import report
@@ -27,6 +28,7 @@ from autockpt.planner.entry import plan
 from autockpt.planner.measure.step_profile import OptimizerFactory
 from autockpt.planner.plan_types import PeakBreakdown, Plan, SegmentPlan
 from autockpt.planner.training_step import training_step
+from autockpt.shape_planner import ShapePlanner
 
 __all__ = [
     "AutockptError",
@@ -45,6 +47,8 @@ __all__ = [
     "PlanningError",
     "RunError",
     "SegmentPlan",
+    "ShapeError",
+    "ShapePlanner",
     "TraceError",
     "apply",
     "format_bytes",

@@ -65,6 +65,12 @@ class PlanMismatchError(AutockptError):
     """A plan applied to a model it was not made for."""
 
 
+class ShapeError(AutockptError):
+    """A batch larger than the shapes its plan was made for, where no plan may be made for it
+    (``training_step`` with a plan, a callback with ``replan=False``); the message names both
+    shapes and the ways out."""
+
+
 class PlanningError(AutockptError):
     """Planning met an error of the model's own (or of a library it runs) that no option of the
     plan could route around; the message names it, and the error is its ``__cause__``."""

@@ -120,6 +120,11 @@ def _print_summary(console: Console, plan: Plan, *, budget_given: bool) -> None:
             f"ranks:         {plan.world_size} ({plan.parallelism}); each holds {held}the "
             "parameters, gradients and optimizer state; the peak and breakdown are one rank's"
         )
+    if plan.batch_shapes is not None:
+        console.print(
+            f"shapes:        made for {plan.batch_shapes.text()}; holds for every batch no "
+            "larger along any dimension"
+        )
     verdict = "[green]fits[/green]" if plan.fits else "[red]does not fit[/red]"
     against = f" of budget {format_bytes(plan.budget_bytes)} ({verdict})" if budget_given else ""
     if plan.compile_fraction is None:
@@ -187,4 +192,18 @@ def _minimum_scope(plan: Plan) -> str:
     return (
         f"(the planner's estimate, with {plan.minimum_searched}: a cheaper plan fitted, so "
         "a lower budget searches further and may plan below it)"
+    )
+
+
+def print_run_plan(console: Console, plan: Plan, num_plans: int, planning_s: float) -> None:
+    """What a callback shows of a run's plans (NOTE [Plans that follow the shapes of a run]):
+    the first plan's table, then a line for each plan made for a new shape."""
+    if num_plans == 1:
+        print_plan(console, plan, budget_given=True)
+        return
+    shapes = plan.batch_shapes.text() if plan.batch_shapes is not None else "a new shape"
+    console.print(
+        f"autockpt: plan {num_plans} for {shapes}: peak "
+        f"{format_bytes(plan.predicted_peak_bytes)} of {plan.budget_text}, "
+        f"{plan.num_recomputed} recomputed ({planning_s:.1f} s of planning so far)"
     )

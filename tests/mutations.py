@@ -1618,9 +1618,9 @@ MUTATIONS = (
         "a plan that fits at the whole batch but can run on the samples timed is timed there "
         "and read off their line, whose pieces of a few samples stand for it 13-30% under",
         "autockpt/planner/solve/staged_search.py",
-        "        whole = runner.fits_whole(found[1], self.usable_bytes)\n        candidates",
+        "        whole = runner.fits_whole(found[1], self.real_room_bytes)\n        candidates",
         "        whole = not runner.can_run(found[0]) and runner.fits_whole(\n"
-        "            found[1], self.usable_bytes\n        )\n        candidates",
+        "            found[1], self.real_room_bytes\n        )\n        candidates",
         ("tests/planner/solve/test_whole_plan_timing.py",),
     ),
     Mutation(
@@ -1631,6 +1631,83 @@ MUTATIONS = (
         "            peak = tracker.peak_bytes + earlier + joined + as_float\n",
         "            peak = earlier + joined + as_float\n",
         ("tests/training/test_validation_budget.py",),
+    ),
+    Mutation(
+        "plan-holds-for-any-shape",
+        "a plan is taken to hold for a batch larger than the one it was made for: a padded "
+        "batch longer than the first runs with the first batch's plan, over the budget",
+        "autockpt/planner/core/batch_split.py",
+        "            mine is None or theirs is None or _no_larger(theirs, mine)\n",
+        "            True\n",
+        (
+            "tests/planner/test_shape_planner.py",
+            "tests/hf/test_padded_batches.py",
+            "tests/lightning/test_varying_shapes.py",
+        ),
+    ),
+    Mutation(
+        "training-step-runs-any-shape",
+        "training_step runs a batch larger than its plan's without a word",
+        "autockpt/planner/training_step.py",
+        "    _check_shapes(plan, inputs, targets)\n",
+        "",
+        ("tests/planner/test_shape_planner.py",),
+    ),
+    Mutation(
+        "bucket-not-grown",
+        "a new shape is planned at its own size, not its bucket's: every longer batch of the "
+        "bucket plans again",
+        "autockpt/plans_by_shape.py",
+        "        return shapes.resized(sizes) if sizes else shapes\n",
+        "        return shapes\n",
+        (
+            "tests/planner/test_shape_planner.py",
+            "tests/hf/test_padded_batches.py",
+            "tests/lightning/test_varying_shapes.py",
+        ),
+    ),
+    Mutation(
+        "declared-maximum-ignored",
+        "max_shape is not planned for at the first batch: a run with a declared maximum "
+        "plans again for each longer batch",
+        "autockpt/plans_by_shape.py",
+        "        if maximum is not None and not self.planned:\n",
+        "        if False:\n",
+        (
+            "tests/planner/test_shape_planner.py",
+            "tests/hf/test_padded_batches.py",
+            "tests/lightning/test_varying_shapes.py",
+        ),
+    ),
+    Mutation(
+        "replanning-never-off",
+        "replan=False plans a longer batch anyway instead of refusing it",
+        "autockpt/plans_by_shape.py",
+        "        if self.planned and not self.following.replan:\n",
+        "        if False:\n",
+        (
+            "tests/planner/test_shape_planner.py",
+            "tests/hf/test_padded_batches.py",
+            "tests/lightning/test_varying_shapes.py",
+        ),
+    ),
+    Mutation(
+        "mid-run-planning-blind-to-live-state",
+        "planning between steps runs its real copies as if the run's optimizer state were not "
+        "alive beside them: the step that plans goes over the budget",
+        "autockpt/planner/pipeline.py",
+        "    live_bytes = live_state_bytes(request.optimizer)\n",
+        "    live_bytes = 0\n",
+        ("tests/planner/test_shape_planner.py",),
+    ),
+    Mutation(
+        "micro-batches-past-a-small-batch",
+        "a batch smaller than the plan's count of micro-batches runs an empty piece (a NaN "
+        "loss for a mean)",
+        "autockpt/planner/training_step.py",
+        "        pieces = min(pieces, batch)",
+        "        pieces = pieces",
+        ("tests/planner/test_shape_planner.py",),
     ),
 )
 

@@ -1,14 +1,19 @@
-"""The ``transformers.Trainer`` callback: plan the model's training step at the first batch,
-under a byte budget, and train with the plan.
+"""The ``transformers.Trainer`` callback: plan the model's training step for the shapes of
+batch the run gives, under a byte budget, and train with the plans.
 
 NOTE [Planning under transformers.Trainer]
 *When.* A Trainer callback is never handed a batch, so at ``on_train_begin`` the callback puts a
-forward pre-hook on the model, and the first call the Trainer makes with gradients on (the first
-training step's ``model(**inputs)``, the batch already on the device) plans: the batch, the
-optimizer the Trainer built and its precision are all known then, and nothing has been
-allocated for the step yet. Planning runs on copies and forks the random streams, so the steps,
-the data order and the dropout masks are the plain run's. The hook then puts the plan into the
-model and the call goes on, planned; evaluation calls (no gradients) never plan.
+forward pre-hook on the model, and every call the Trainer makes with gradients on (a training
+step's ``model(**inputs)``, the batch already on the device) is checked before it runs: the
+plan made for the smallest shapes that hold the batch is put in, and a batch no plan holds for
+(a longer padded batch) is planned first, at its shape bucket (NOTE [Plans that follow the
+shapes of a run] in :mod:`autockpt.plans_by_shape`; ``max_shape`` plans once for the
+largest, ``replan=False`` refuses instead). The batch, the optimizer the Trainer built and its
+precision are all known then, and nothing has been allocated for the step yet. Planning runs on
+copies and forks the random streams, so the steps, the data order and the dropout masks are the
+plain run's. Evaluation calls (no gradients) never plan. A plan that recomputes the model's own
+``forward`` whole (not one of its submodules) is put in one call late: the module's ``forward``
+is read before its pre-hooks run.
 
 *What.* The planner measures ``model(**batch)`` and the backward of the loss the model returns
 (:class:`~autockpt.hf.step.HuggingFaceStep`), with module-level segments; the optimizer's state
@@ -28,8 +33,8 @@ is refused with the Trainer's way out (a smaller ``per_device_train_batch_size``
 recomputes every layer. With MemoryPlan the plan wins: the callback turns the model's own
 checkpointing off and says so in one line, and the plan recomputes what the budget needs.
 
-*Resuming.* The plan is the callback's state (``ExportableState``) in each checkpoint's
-``trainer_state.json``; a run resumed from a checkpoint takes that plan again without planning,
+*Resuming.* The plans are the callback's state (``ExportableState``) in each checkpoint's
+``trainer_state.json``; a run resumed from a checkpoint takes them again without planning,
 whether or not ``args.restore_callback_states_from_checkpoint`` is set.
 
 *Ranks.* One process for now: a run on several ranks is refused in one line.
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -51,7 +57,9 @@ from autockpt import Budget, Plan
 from autockpt.errors import ConfigError, InfeasibleBudgetError, PlanMismatchError
 from autockpt.hf.step import HuggingFaceStep, output_loss
 from autockpt.installed_plan import InstalledPlan
+from autockpt.planner.core.batch_split import batch_shapes
 from autockpt.planner.core.units import read_unless_auto
+from autockpt.plans_by_shape import MAX_PLANS, PlansByShape, ShapeFollowing
 
 __all__ = ["MemoryPlan"]
 
@@ -69,7 +77,14 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
         allow_chunks: let the plan run batch-separable segments in chunks. With dropout on,
             each chunk draws its own masks: turn it off where the losses must be the unplanned
             run's bit for bit (recompute alone keeps the masks).
-        show: print the plan table once, when it is made.
+        show: print the first plan's table when it is made, a line for each later plan,
+            and the run's count of plans at its end.
+        max_shape: the batch's leading dimensions at their largest (``(8, 2048)``: 8
+            sequences of 2048 tokens): one plan, made at the first step for that shape, holds
+            for every batch under it (NOTE [Plans that follow the shapes of a run]).
+        replan: plan a batch no plan holds for (a longer padded batch) before its step;
+            ``False`` refuses it in one line (:class:`~autockpt.ShapeError`).
+        max_plans: plans made at most; past that, one for the largest shape seen.
 
     Example:
         trainer = transformers.Trainer(
@@ -84,33 +99,51 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
         use_gradient_checkpointing: bool | None = None,
         allow_chunks: bool = True,
         show: bool = True,
+        max_shape: Sequence[int] | None = None,
+        replan: bool = True,
+        max_plans: int = MAX_PLANS,
     ) -> None:
         # NOTE [One budget]: read once, here; ``auto`` needs the device, read at the first step.
         self.budget = read_unless_auto(budget)
         self.use_gradient_checkpointing = use_gradient_checkpointing
         self.allow_chunks = allow_chunks
         self.show = show
+        self.max_shape = tuple(max_shape) if max_shape is not None else None
+        self.replan = replan
+        self.max_plans = max_plans
         self.plan: Plan | None = None
         """The plan in use, once the first training step has started."""
+        self.plans_json: list[str] = []
+        """The plans a checkpoint saved, taken again when a run resumes from it."""
         self.plan_json: str | None = None
-        """The plan a checkpoint saved, taken again when a run resumes from it."""
+        """The one plan a checkpoint of an earlier release saved."""
+        self.shape_plans: PlansByShape[torch.nn.Module] = PlansByShape(
+            ShapeFollowing.read(max_shape, replan=replan, max_plans=max_plans),
+            refusal="plan for the largest batch (MemoryPlan(..., max_shape={max_shape}))",
+        )
+        """The run's plans, one per shape bucket: ``.plans``, ``.num_plans``, ``.planning_s``."""
         self._installed: InstalledPlan | None = None
         self._hook: torch.utils.hooks.RemovableHandle | None = None
+        self._model: torch.nn.Module | None = None
+        self._planning = False
 
     # ------------------------------------------------------------------ Trainer events
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps: the settings and the plan (``ExportableState``)."""
+        """What a checkpoint keeps: the settings and the plans (``ExportableState``)."""
         budget = self.budget.text if isinstance(self.budget, Budget) else self.budget
-        plan_json = self.plan.model_dump_json() if self.plan is not None else self.plan_json
+        plans = [entry.plan.model_dump_json() for entry in self.shape_plans.planned]
         return {
             "args": {
                 "budget": budget,
                 "use_gradient_checkpointing": self.use_gradient_checkpointing,
                 "allow_chunks": self.allow_chunks,
                 "show": self.show,
+                "max_shape": list(self.max_shape) if self.max_shape is not None else None,
+                "replan": self.replan,
+                "max_plans": self.max_plans,
             },
-            "attributes": {"plan_json": plan_json},
+            "attributes": {"plans_json": plans or self.plans_json},
         }
 
     def on_train_begin(
@@ -133,20 +166,31 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
         # Loaded from the checkpoint a run resumes from: a dict by callback name.
         states: Any = state.stateful_callbacks or {}
         saved = states.get(type(self).__name__) if isinstance(states, dict) else None
-        if isinstance(saved, dict) and self.plan_json is None:
-            self.plan_json = saved.get("attributes", {}).get("plan_json")
-        if self._installed is None and self._hook is None:
-            hook = functools.partial(self._plan_first_step, args, state, optimizer)
+        if isinstance(saved, dict) and not self.plans_json:
+            attributes = saved.get("attributes", {})
+            self.plans_json = list(attributes.get("plans_json") or [])
+            if not self.plans_json and attributes.get("plan_json"):
+                self.plans_json = [attributes["plan_json"]]
+        if not self.plans_json and self.plan_json:  # restored by an earlier release's state
+            self.plans_json = [self.plan_json]
+        if self._hook is None:
+            self._model = model
+            hook = functools.partial(self._before_training_call, args, state, optimizer)
             self._hook = model.register_forward_pre_hook(hook, with_kwargs=True)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        if self.show and self.shape_plans.num_plans > 1 and state.is_world_process_zero:
+            Console().print(
+                f"autockpt: {self.shape_plans.num_plans} plans for the run's batch shapes, "
+                f"{self.shape_plans.planning_s:.1f} s of planning"
+            )
         self._remove()
 
     # ------------------------------------------------------------------ planning
 
-    def _plan_first_step(
+    def _before_training_call(
         self,
         args: TrainingArguments,
         state: TrainerState,
@@ -155,35 +199,56 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
         call_args: tuple[Any, ...],
         call_kwargs: dict[str, Any],
     ) -> None:
-        """The forward pre-hook: plan on the first training call, put the plan in, go on."""
-        if not (module.training and torch.is_grad_enabled()):
-            return  # an evaluation before training (eval_on_start)
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        """The forward pre-hook: before each training call, the plan of its batch's shapes,
+        planned now where none holds for it (NOTE [Planning under transformers.Trainer])."""
+        if (
+            self._planning
+            or module is not self._model
+            or not (module.training and torch.is_grad_enabled())
+        ):
+            return  # an evaluation call, or planning's own runs of the model (hooks and all)
         if call_args:
             raise ConfigError(
                 f"the model was called with {len(call_args)} positional inputs; MemoryPlan "
                 "plans the call transformers.Trainer makes, model(**batch)"
             )
         batch = dict(call_kwargs)
-        plan = self.plan  # a second train() of the same Trainer takes the plan it made
-        if plan is None and self.plan_json:
-            plan = Plan.model_validate_json(self.plan_json)
-        planned_here = plan is None
-        if plan is None:
-            plan = self._plan(module, batch, args, optimizer)
-        try:
-            self._installed = InstalledPlan(module, autockpt.apply(HuggingFaceStep(module), plan))
-        except PlanMismatchError:
-            # A checkpoint's plan for another model: plan this one.
-            plan, planned_here = self._plan(module, batch, args, optimizer), True
-            self._installed = InstalledPlan(module, autockpt.apply(HuggingFaceStep(module), plan))
-        self.plan = plan
-        if self.show and planned_here and state.is_world_process_zero:
-            from autockpt.plan_report import print_plan
+        if not self.shape_plans.planned and self.plans_json:
+            self._take_saved_plans(module, batch)
+        made = self.shape_plans.num_plans
 
-            print_plan(Console(), plan, budget_given=True)
+        def make(inputs: list[Any], targets: list[Any]) -> tuple[Plan, torch.nn.Module]:
+            del targets  # the model computes its own loss
+            self._planning = True  # planning times the model itself: its calls are not steps
+            try:
+                plan = self._plan(module, inputs[0], args, optimizer)
+            finally:
+                self._planning = False
+            return plan, autockpt.apply(HuggingFaceStep(module), plan)
+
+        entry = self.shape_plans.follow((batch,), (), make)
+        if self._installed is None or entry.plan is not self.plan:
+            if self._installed is not None:
+                self._installed.remove()
+            self._installed = InstalledPlan(module, entry.runner)
+            self.plan = entry.plan
+        if self.show and self.shape_plans.num_plans > made and state.is_world_process_zero:
+            from autockpt.plan_report import print_run_plan
+
+            plans = self.shape_plans
+            print_run_plan(Console(), entry.plan, plans.num_plans, plans.planning_s)
+
+    def _take_saved_plans(self, module: torch.nn.Module, batch: dict[str, Any]) -> None:
+        """The plans of the checkpoint a run resumed from, for the shapes each was made at;
+        one made for another model is dropped (this one is planned instead)."""
+        for text in self.plans_json:
+            plan = Plan.model_validate_json(text)
+            try:
+                planned = autockpt.apply(HuggingFaceStep(module), plan)
+            except PlanMismatchError:
+                continue
+            shapes = plan.batch_shapes or batch_shapes((batch,), ())
+            self.shape_plans.add(shapes, plan, planned)
 
     def _plan(
         self,

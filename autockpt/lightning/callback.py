@@ -1,5 +1,5 @@
-"""The Lightning callback: plan the LightningModule's training step on the first batch, under a
-byte budget, and train with the plan.
+"""The Lightning callback: plan the LightningModule's training step for the shapes of batch
+the run gives, under a byte budget, and train with the plans.
 
 NOTE [Planning a LightningModule]
 *When.* On the first training batch (``on_train_batch_start``, the batch already on the
@@ -36,13 +36,21 @@ batch: a budget only micro-batches would meet is refused with the way out Lightn
 *Ranks.* Under a multi-rank strategy rank 0 plans and every rank takes its plan (one
 broadcast), so all ranks recompute the same submodules.
 
-*Resuming.* The plan is the callback's state in Lightning's checkpoints: a run resumed with
-``ckpt_path=`` puts the same plan back without planning again, and so takes the same steps.
+*Resuming.* The plans are the callback's state in Lightning's checkpoints: a run resumed with
+``ckpt_path=`` puts the same plans back without planning again, and so takes the same steps.
+
+*Shapes.* Every batch is checked before its step: the plan made for the smallest shapes that
+hold it is put in, and a batch no plan holds for (a longer padded sequence) is planned first,
+at its shape bucket (NOTE [Plans that follow the shapes of a run] in
+:mod:`autockpt.plans_by_shape`; ``max_shape`` plans once for the largest,
+``replan=False`` refuses instead). Under several ranks, each rank's batch shapes are gathered
+first and the decision is made on the largest of them, so that all ranks plan together.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -55,7 +63,9 @@ from autockpt.errors import InfeasibleBudgetError, PlanMismatchError, PlanningEr
 from autockpt.installed_plan import InstalledPlan
 from autockpt.lightning.forward_plan import InstalledForward, LossAfterForward, forward_inputs
 from autockpt.lightning.step import LightningStep, step_loss
+from autockpt.planner.core.batch_split import batch_shapes, padded_to
 from autockpt.planner.core.units import read_unless_auto
+from autockpt.plans_by_shape import MAX_PLANS, PlansByShape, ShapeFollowing
 
 __all__ = ["MemoryPlan"]
 
@@ -79,7 +89,14 @@ class MemoryPlan(pl.Callback):
         allow_chunks: let the plan run batch-separable segments in chunks. With dropout on,
             each chunk draws its own masks: turn it off where the losses must be the unplanned
             run's bit for bit (recompute alone keeps the masks).
-        show: print the plan table once, on rank 0.
+        show: print the first plan's table, a line for each later plan and the run's count
+            of plans at its end, on rank 0.
+        max_shape: the batch's leading dimensions at their largest (``(32, 2048)``: 32
+            samples of 2048 positions): one plan, made at the first batch for that shape,
+            holds for every batch under it (NOTE [Plans that follow the shapes of a run]).
+        replan: plan a batch no plan holds for (a longer padded batch) before its step;
+            ``False`` refuses it in one line (:class:`~autockpt.ShapeError`).
+        max_plans: plans made at most; past that, one for the largest shape seen.
 
     Example::
 
@@ -94,6 +111,9 @@ class MemoryPlan(pl.Callback):
         use_gradient_checkpointing: bool | None = None,
         allow_chunks: bool = True,
         show: bool = True,
+        max_shape: Sequence[int] | None = None,
+        replan: bool = True,
+        max_plans: int = MAX_PLANS,
     ) -> None:
         super().__init__()
         # NOTE [One budget]: read once, here, so a typo fails where the callback is made;
@@ -104,7 +124,12 @@ class MemoryPlan(pl.Callback):
         self.show = show
         self.plan: Plan | None = None
         """The plan in use, once the first training batch has started."""
-        self._saved_plan: Plan | None = None
+        self.shape_plans: PlansByShape[None] = PlansByShape(
+            ShapeFollowing.read(max_shape, replan=replan, max_plans=max_plans),
+            refusal="plan for the largest batch (MemoryPlan(..., max_shape={max_shape}))",
+        )
+        """The run's plans, one per shape bucket: ``.plans``, ``.num_plans``, ``.planning_s``."""
+        self._saved_plans: list[Plan] = []
         self._installed: InstalledPlan | InstalledForward | None = None
 
     # ------------------------------------------------------------------ Lightning hooks
@@ -116,28 +141,51 @@ class MemoryPlan(pl.Callback):
             # NOTE [Gradients in Lightning's step]
             for optimizer in trainer.optimizers:
                 optimizer.zero_grad(set_to_none=True)
-        if self._installed is not None:
-            return
         if not pl_module.automatic_optimization:
             raise autockpt.ConfigError(
                 f"{type(pl_module).__name__} uses manual optimization; MemoryPlan plans the "
                 "step Lightning runs with automatic optimization (remove the callback, or plan "
                 "the model with autockpt.plan and autockpt.training_step)"
             )
-        plan = self._saved_plan
-        if plan is None:
-            plan = self._plan_on_rank_zero(trainer, pl_module, batch, batch_idx)
-        try:
-            self._installed = _install(pl_module, plan, batch_idx, trainer)
-        except PlanMismatchError:
-            # A checkpoint's plan for another module: plan this one.
-            plan = self._plan_on_rank_zero(trainer, pl_module, batch, batch_idx)
-            self._installed = _install(pl_module, plan, batch_idx, trainer)
-        self.plan = plan
-        if self.show and trainer.is_global_zero and self._saved_plan is None:
-            self._print(plan)
+        if self._saved_plans and not self.shape_plans.planned:
+            self._take_saved_plans(trainer, pl_module, batch, batch_idx)
+        made = self.shape_plans.num_plans
+
+        def make(inputs: list[Any], targets: list[Any]) -> tuple[Plan, None]:
+            del targets
+            return self._plan_on_rank_zero(trainer, pl_module, inputs[0], batch_idx), None
+
+        # NOTE [Plans that follow the shapes of a run]: every rank decides on the same shapes.
+        entry = self.shape_plans.follow((_batch_over_ranks(trainer, batch),), (), make)
+        if self._installed is None or entry.plan is not self.plan:
+            self._remove()
+            self._installed = _install(pl_module, entry.plan, batch_idx, trainer)
+            self.plan = entry.plan
+        if self.show and trainer.is_global_zero and self.shape_plans.num_plans > made:
+            self._print(entry.plan)
+
+    def _take_saved_plans(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """The plans of the checkpoint a run resumed from; one made for another module is
+        dropped (this one is planned instead)."""
+        for plan in self._saved_plans:
+            try:
+                _install(pl_module, plan, batch_idx, trainer).remove()
+            except PlanMismatchError:
+                continue
+            shapes = batch_shapes((batch,), ())
+            if plan.batch_shapes is not None and plan.batch_shapes.structure == shapes.structure:
+                shapes = plan.batch_shapes
+            self.shape_plans.add(shapes, plan, None)
+        self._saved_plans = []
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.show and trainer.is_global_zero and self.shape_plans.num_plans > 1:
+            Console().print(
+                f"autockpt: {self.shape_plans.num_plans} plans for the run's batch shapes, "
+                f"{self.shape_plans.planning_s:.1f} s of planning"
+            )
         self._remove()
 
     def on_exception(
@@ -146,11 +194,12 @@ class MemoryPlan(pl.Callback):
         self._remove()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"plan": self.plan.model_dump_json() if self.plan is not None else None}
+        plans = [entry.plan.model_dump_json() for entry in self.shape_plans.planned]
+        return {"plans": plans}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        saved = state_dict.get("plan")
-        self._saved_plan = Plan.model_validate_json(saved) if saved else None
+        saved = state_dict.get("plans") or ([state_dict["plan"]] if state_dict.get("plan") else [])
+        self._saved_plans = [Plan.model_validate_json(text) for text in saved]
 
     # ------------------------------------------------------------------ planning
 
@@ -223,14 +272,37 @@ class MemoryPlan(pl.Callback):
     # ------------------------------------------------------------------ helpers
 
     def _print(self, plan: Plan) -> None:
-        from autockpt.plan_report import print_plan
+        from autockpt.plan_report import print_run_plan
 
-        print_plan(Console(), plan, budget_given=True)
+        plans = self.shape_plans
+        print_run_plan(Console(), plan, plans.num_plans, plans.planning_s)
 
     def _remove(self) -> None:
         if self._installed is not None:
             self._installed.remove()
             self._installed = None
+
+
+def _batch_over_ranks(trainer: pl.Trainer, batch: Any) -> Any:
+    """The batch grown to the largest shapes any rank holds now, where several ranks train:
+    each rank's batch can be padded to another length, and every rank must decide alike
+    whether to plan (rank 0 plans for all). One rank: the batch itself."""
+    if trainer.world_size == 1 or not torch.distributed.is_initialized():
+        return batch
+    mine = batch_shapes((batch,), ())
+    everyone: list[Any] = [None] * trainer.world_size
+    torch.distributed.all_gather_object(everyone, mine)
+    same = [shapes for shapes in everyone if shapes.structure == mine.structure]
+    sizes = {
+        (leaf, dim): max(shapes.size(leaf, dim) for shapes in same)
+        for leaf, shape in enumerate(mine.shapes)
+        for dim in range(len(shape or ()))
+    }
+    largest = mine.resized(sizes)
+    if largest == mine:
+        return batch
+    (grown,), _ = padded_to((batch,), (), largest)
+    return grown
 
 
 def _install(

@@ -23,7 +23,13 @@ from autockpt.errors import (
     warn_at_the_callers_line,
 )
 from autockpt.planner.compiled_search import MAX_COMPILES, plan_compiled
-from autockpt.planner.core.batch_split import batch_size_of, carrying_leaves
+from autockpt.planner.core.batch_split import (
+    BatchShapes,
+    batch_shapes,
+    batch_size_of,
+    carrying_leaves,
+    grown_to,
+)
 from autockpt.planner.core.decisions import Parallelism
 from autockpt.planner.core.host_settings import cyclic_gc_paused, one_cpu_thread
 from autockpt.planner.core.step_budget import BudgetGiven, StepBudget, read_budget
@@ -74,6 +80,7 @@ def plan(
     max_compiles: int = MAX_COMPILES,
     progress: bool | ProgressReporter | None = None,
     cpu_threads: int | Callable[[int], int] | None = None,
+    max_shape: Sequence[int] | None = None,
 ) -> Plan:
     """Plan a training step of ``model`` that fits ``budget`` (NOTE [Planning]).
 
@@ -155,6 +162,12 @@ def plan(
             called once that step is measured and before anything is timed (NOTE [Threads
             chosen from the plain step]); default: torch's count when ``plan()`` is called.
             Planning itself runs on one thread either way.
+        max_shape: the batch's leading dimensions at their largest (``(16, 2048)``: at most
+            16 samples of 2048 positions): the example batch is grown to it (its own values
+            repeated) and planned there, so that the plan holds for every batch under it
+            (NOTE [Shapes a plan holds for]). Default: the example batch's own shapes, which
+            :func:`training_step` then refuses to exceed; see also
+            :class:`autockpt.ShapePlanner`, which plans each new shape as it comes.
 
     Returns:
         The plan: which segments recompute (and in how many chunks), how many micro-batches,
@@ -179,6 +192,9 @@ def plan(
                 "example_targets were given without a loss_fn to compare them with; pass "
                 "loss_fn=lambda output, *targets: ..."
             )
+        if max_shape is not None:  # NOTE [Shapes a plan holds for]
+            example_inputs, example_targets = grown_to(max_shape, example_inputs, example_targets)
+        shapes = batch_shapes(example_inputs, example_targets)
         resolved_device = _resolve_device(model, device)
         read, budget_of_plain = read_budget(budget, resolved_device, compile=compile)
         parallelism = parallelism or ("single" if world_size == 1 else "ddp")
@@ -203,7 +219,8 @@ def plan(
             _warn_eval_mode(model)
         share = _rank_share(model, request)
         if compile:
-            return _plan_compiled(model, example_inputs, read, share, request, max_compiles)
+            compiled = _plan_compiled(model, example_inputs, read, share, request, max_compiles)
+            return compiled.model_copy(update={"batch_shapes": shapes})
         if verify is None:
             verify = resolved_device.type == "cuda" and parallelism == "single"
         step_budget = StepBudget.on(read, resolved_device, rank_offset_bytes=share.offset_bytes)
@@ -215,7 +232,7 @@ def plan(
                 step_budget = step_budget.decided(read)
                 request = dataclasses.replace(request, budget_of_plain=None)
             if not verify or use_gradient_checkpointing is not None:
-                return result.model_copy(update={"notes": [*notes, *result.notes]})
+                return _made_for(result, shapes, notes)
             report_progress("planning: checking the plan with one real step")
             check = verify_plan(
                 model,
@@ -230,7 +247,7 @@ def plan(
                 f"{format_bytes(check.predicted_peak_bytes)} predicted"
             )
             if check.within_budget:
-                return result.model_copy(update={"notes": [*notes, *result.notes]})
+                return _made_for(result, shapes, notes)
             overshoot = check.reserved_peak_bytes - read.bytes
             lowered = REPLANNING.lowered(step_budget.target_bytes, over_bytes=overshoot)
             notes.append(f"re-planned: the real step was {format_bytes(overshoot)} over the budget")
@@ -243,6 +260,11 @@ def plan(
             budget_bytes=read.bytes,
             minimum_bytes=read.bytes,
         )
+
+
+def _made_for(result: Plan, shapes: BatchShapes, notes: list[str]) -> Plan:
+    """The plan with the shapes it holds for and the notes of its verification rounds."""
+    return result.model_copy(update={"notes": [*notes, *result.notes], "batch_shapes": shapes})
 
 
 def _rank_share(model: torch.nn.Module, request: PlanRequest) -> RankShare:

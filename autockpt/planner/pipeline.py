@@ -36,6 +36,14 @@ NOTE [Planning]
    :mod:`autockpt.planner.solve.whole_plan_timing`): the sums the solver minimised miss what only a
    whole step shows. Its timed overhead is the plan's predicted one.
 
+NOTE [Planning in the middle of a run]
+A run whose batches change shape plans again between steps (NOTE [Plans that follow the shapes of
+a run]), with the optimizer's state alive in the caller's optimizer: a real copy of the model
+and its optimizer run beside it, so their real runs (the scaled measurement, the calibration,
+the timed runs) fit what the budget leaves once that state is counted
+(:func:`live_state_bytes`). The first plan of a run sees no state yet (AdamW makes it at its
+first step), and so plans as before.
+
 NOTE [Planning's own peak]
 Planning runs on the card the user said is full, so what it allocates counts as much as the step it
 plans. It allocates three kinds of real tensors: the real steps of a model measured on a real copy
@@ -154,6 +162,8 @@ def plan_one_process(
         traced = trace_or_find_modules(model, example_inputs, tracing=request.tracing)
     report_progress("planning: measuring the step's memory on fake tensors")
     usable_bytes = budget.usable_bytes
+    # NOTE [Planning in the middle of a run]: real runs leave room for the state it holds.
+    live_bytes = live_state_bytes(request.optimizer)
     measurer = StepMeasurer(
         traced,
         example_inputs,
@@ -162,7 +172,7 @@ def plan_one_process(
         optimizer=request.optimizer,
         autocast_dtype=request.autocast_dtype,
         gradients_live=request.gradients_live,
-        room_bytes=usable_bytes,
+        room_bytes=usable_bytes - live_bytes,
     )
     kept = measurer.kept
     budget, request = budget_decided(budget, request, budget.shown_bytes(kept.peak_bytes))
@@ -173,8 +183,8 @@ def plan_one_process(
         model,
         device,
         cpu_threads=training_threads(request, budget.shown_bytes(kept.peak_bytes), cpu_threads),
-        room_bytes=calibration_room(usable_bytes, kept),
-        usable_bytes=usable_bytes,
+        room_bytes=calibration_room(usable_bytes - live_bytes, kept),
+        usable_bytes=usable_bytes - live_bytes,
     )
     builder = ChainBuilder(traced, costs, measurer.batch_size)
     notes: list[str] = [traced.note] if isinstance(traced, ModuleChain) else list(traced.notes)
@@ -215,6 +225,7 @@ def plan_one_process(
             if isinstance(costs, (MeasuredCosts, ModuleCosts)) and builder.costs is costs
             else None,
             notes=notes,
+            live_bytes=live_bytes,
         ).run()
     decision = chosen.decision
     if decision.num_micro_batches == 1 and not any(a.recompute for a in decision.actions):
@@ -277,6 +288,20 @@ def training_threads(request: PlanRequest, unplanned_bytes: int, outside: int) -
     if chosen is None:
         return outside
     return chosen(unplanned_bytes) if callable(chosen) else chosen
+
+
+def live_state_bytes(optimizer: OptimizerSpec) -> int:
+    """Bytes of the real tensors an optimizer instance holds in its state now (NOTE [Planning
+    in the middle of a run]); 0 for a name or a factory, which hold nothing yet."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return 0
+    storages = {
+        value.untyped_storage().data_ptr(): value.untyped_storage().nbytes()
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor) and value.device.type != "meta"
+    }
+    return sum(storages.values())
 
 
 def step_costs(

@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from autockpt.planner.core.batch_split import BatchShapes
 from autockpt.planner.core.decisions import Parallelism
 from autockpt.planner.core.units import Budget
 
@@ -240,6 +241,11 @@ class Plan(BaseModel):
     """Which leaves of the inputs and targets carry the batch, as planned: what
     :func:`autockpt.training_step` cuts into micro-batches at any later batch of the same
     structure. None: a plan saved before they were recorded (dim-0 sizes decide)."""
+    batch_shapes: BatchShapes | None = None
+    """The shape of every tensor of the inputs and targets the plan was made for: it holds for
+    any batch no larger along any dimension (NOTE [Shapes a plan holds for]), and
+    :func:`autockpt.training_step` refuses a larger one. None: a plan saved before shapes were
+    recorded (not checked)."""
     compile_fraction: float | None = None
     """None: the step runs eager. A number: :func:`autockpt.apply` compiles the planned module
     with inductor at this ``activation_memory_budget``, and the peak, the step time and the

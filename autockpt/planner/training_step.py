@@ -8,11 +8,15 @@ from typing import Any, Literal
 
 import torch
 
+from autockpt.errors import ShapeError
 from autockpt.planner.core.batch_split import (
+    batch_shapes,
     batch_size_of,
+    beyond_plan,
     flagged_batch_size,
     piece_sizes,
     split_batch,
+    suggested_maximum,
 )
 from autockpt.planner.loss_chunks import chunked_loss_of
 from autockpt.planner.plan_types import Plan
@@ -36,7 +40,7 @@ def training_step(
     Every tensor of the inputs and targets that carries the batch (those that did at the
     batch the plan was made at, ``plan.batch_leaves``; for another structure, those whose dim
     0 is the most common dim-0 size; inside tuples, lists and dicts too) is split along dim 0
-    into the plan's number of pieces, and other values go whole to every piece; each piece
+    into the plan's number of pieces (at most one a sample), and other values go whole to every piece; each piece
     runs forward, ``loss_fn(output, *targets)`` and backward, and the gradients add up in the
     parameters' ``.grad``. With ``loss_reduction="mean"`` each piece's loss is weighted by its
     share of the batch, so the gradients equal those of one pass over the whole batch (up to
@@ -57,17 +61,26 @@ def training_step(
     Returns:
         The whole batch's loss, detached.
 
+    Raises:
+        ShapeError: the batch is larger along some dimension than the one the plan was made
+            for (``plan.batch_shapes``, NOTE [Shapes a plan holds for]): its step was never
+            measured. Plan for the largest (``autockpt.plan(..., max_shape=...)``) or let
+            :class:`autockpt.ShapePlanner` plan each shape.
+
     Example:
         >>> loss = autockpt.training_step(planned, plan, batch.inputs(), (batch.target,), loss_fn)
         >>> optimizer.step(); optimizer.zero_grad()
     """
+    _check_shapes(plan, inputs, targets)
     pieces = max(plan.num_micro_batches, 1) if plan is not None else 1
+    if pieces > 1:
+        # Every tensor that carries the batch is cut, in nests too (core.batch_split).
+        batch, (input_flags, target_flags) = _batch_cut(plan, inputs, targets)
+        pieces = min(pieces, batch)  # a smaller batch: no empty piece (NOTE [Shapes a plan ...])
     if pieces == 1:
         loss = _loss(model, plan, inputs, targets, loss_fn)
         loss.backward()
         return loss.detach()
-    # Every tensor that carries the batch is cut, in nests too (autockpt.planner.core.batch_split).
-    batch, (input_flags, target_flags) = _batch_cut(plan, inputs, targets)
     split_inputs = split_batch(inputs, pieces, batch_size=batch, flags=input_flags)
     split_targets = split_batch(targets, pieces, batch_size=batch, flags=target_flags)
     sizes = piece_sizes(inputs, pieces, batch_size=batch)
@@ -85,6 +98,23 @@ def training_step(
         total += float(loss.detach())
         del loss
     return torch.tensor(total, dtype=torch.float32)
+
+
+def _check_shapes(plan: Plan | None, inputs: Sequence[Any], targets: Sequence[Any]) -> None:
+    """Refuse a batch larger than the plan's (NOTE [Shapes a plan holds for])."""
+    if plan is None or plan.batch_shapes is None:
+        return
+    given = batch_shapes(inputs, targets)
+    if not plan.batch_shapes.covers(given):
+        maximum = suggested_maximum(given, plan.batch_shapes)
+        raise ShapeError(
+            beyond_plan(
+                plan.batch_shapes,
+                given,
+                f"plan for the largest batch (autockpt.plan(..., max_shape={maximum})), or "
+                "let autockpt.ShapePlanner plan each new shape before its step",
+            )
+        )
 
 
 def _batch_cut(

@@ -151,7 +151,8 @@ def test_the_plan_is_kept_in_checkpoints_and_taken_again_on_resume(
     assert memory_plan.plan is not None
     saved = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
     state = saved["stateful_callbacks"]["MemoryPlan"]
-    assert autockpt.Plan.model_validate_json(state["attributes"]["plan_json"]) == memory_plan.plan
+    saved_plans = [autockpt.Plan.model_validate_json(t) for t in state["attributes"]["plans_json"]]
+    assert saved_plans == memory_plan.shape_plans.plans == [memory_plan.plan]
     assert state["args"]["budget"] == str(budget)
 
     def no_planning(*args: Any, **kwargs: Any) -> None:

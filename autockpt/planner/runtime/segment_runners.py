@@ -158,6 +158,15 @@ class SegmentRunner:
 
     def _chunked(self, inputs: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
         num_chunks = self.action.num_chunks
+        if not torch.compiler.is_compiling():
+            # A batch smaller than the plan's runs no empty chunk (NOTE [Shapes a plan holds
+            # for]); compiled, a graph is made per shape and its chunks are the plan's.
+            rows = [
+                int(value.shape[dim])
+                for value, dim in zip(inputs, self.action.input_batch_dims, strict=True)
+                if dim is not None
+            ]
+            num_chunks = max(min([num_chunks, *rows]), 1)
         split = [
             torch.tensor_split(value, num_chunks, dim=dim) if dim is not None else None
             for value, dim in zip(inputs, self.action.input_batch_dims, strict=True)

@@ -68,10 +68,13 @@ class StagedSearch:
         allow_micro_batches: bool,
         timed_costs: MeasuredCosts | ModuleCosts | None,
         notes: list[str],
+        live_bytes: int = 0,
     ) -> None:
         self.builder = builder
         self.budget = budget
         self.usable_bytes = usable_bytes = budget.usable_bytes
+        # NOTE [Planning in the middle of a run]: a plan run whole for real sits beside it.
+        self.real_room_bytes = usable_bytes - live_bytes
         self.timed_costs = timed_costs
         self.notes = notes
         self.stages_reached = 0
@@ -163,7 +166,7 @@ class StagedSearch:
                 if runner is None:
                     break
                 # The sums say stop; the plan timed whole must agree (NOTE [Whole-plan timing]).
-                whole = runner.fits_whole(found[1], self.usable_bytes)
+                whole = runner.fits_whole(found[1], self.real_room_bytes)
                 if not whole and not runner.can_run(found[0]):
                     break  # neither at the whole batch nor on the samples timed: the sums stand
                 stage_timed = self._timed([found], runner, at_whole_batch=whole)
@@ -204,7 +207,7 @@ class StagedSearch:
         """NOTE [Whole-plan timing]: the fastest of the plans that fit, timed whole (``None``
         where only one plan fits and it was not timed: ``found`` stands)."""
         timed = stage_timed if stage_timed and stage_timed.decision == found[0] else None
-        whole = runner.fits_whole(found[1], self.usable_bytes)
+        whole = runner.fits_whole(found[1], self.real_room_bytes)
         candidates: list[Fit] = []
         if whole:
             # Timed at the whole batch, every candidate alike (NOTE [Whole-plan timing]).
@@ -213,7 +216,7 @@ class StagedSearch:
                 for fit in self.search.fitting_alternatives(
                     self.usable_bytes, found, MAX_CANDIDATES
                 )
-                if runner.fits_whole(fit[1], self.usable_bytes)
+                if runner.fits_whole(fit[1], self.real_room_bytes)
             ]
         elif runner.can_run(found[0]):
             candidates = self.search.fitting_alternatives(

@@ -68,6 +68,11 @@ class Replanner:
         )
         self.step_model = compile_step(self.planned, self.plan)
         self.gave_up = False
+        self.num_plans = 1
+        """Plans the run has made: the first, and one per re-plan (its batches all have the
+        shape of the first, or are smaller: the last batch of an epoch)."""
+        self.planning_s = self.plan.planning_s
+        """Seconds those plans took."""
 
     @property
     def budget_bytes(self) -> int | None:
@@ -150,6 +155,8 @@ class Replanner:
             ),
         )
         assert self.parallelism != "fsdp", "FSDP runs do not re-plan"
+        self.num_plans += 1
+        self.planning_s += self.plan.planning_s
         self.new_plan(self.plan)
         self.planned = wrap(autockpt.apply(setup.model, self.plan), self.world, setup.device)
         self.step_model = self.compile_step(self.planned, self.plan)

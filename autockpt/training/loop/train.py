@@ -424,6 +424,8 @@ class Trainer:
             if self.step_s_run
             else 0.0,
             "num_replans": self.state.num_replans,
+            "num_plans": self.plans.num_plans,
+            "planning_s": self.plans.planning_s,
             "world_size": self.world.world_size,
             "parallelism": self.parallelism,
         }
