@@ -263,3 +263,24 @@ def test_past_max_plans_each_plan_is_for_the_largest_shape_seen(model) -> None:
         planner.training_step((ids,), (ids,))
     # 8, the bucket of 24; then no more buckets: 96 itself, 50 under it, 200 itself.
     assert [plan.batch_shapes.shapes[0][1] for plan in planner.plans] == [8, 32, 96, 200]
+
+
+def test_a_batch_smaller_than_the_plans_micro_batches_runs_no_empty_piece(model) -> None:
+    ids = _ids(8, 256)
+    budget = int(0.3 * _plain_peak(model, ids))
+    plan = autockpt.plan(
+        model, (ids,), budget, loss_fn=token_loss, example_targets=(ids,), allow_chunks=False,
+        progress=False,
+    )  # fmt: skip
+    assert plan.num_micro_batches >= 3, plan
+    for samples in (2, 1):  # the last batch of an epoch: fewer samples than pieces
+        short = _ids(samples, 256, seed=samples)
+        peak, loss, gradients = measured_step(
+            model, (short,), plan, loss_fn=token_loss, targets=(short,), loss_reduction="mean"
+        )
+        _, plain_loss, plain_gradients = measured_step(
+            model, (short,), loss_fn=token_loss, targets=(short,)
+        )
+        assert peak <= budget
+        torch.testing.assert_close(loss, plain_loss)  # an empty piece's mean is NaN
+        assert_same_gradients(gradients, plain_gradients)
