@@ -12,7 +12,7 @@ import torch
 
 from autockpt.planner.apply import apply
 from autockpt.planner.core.step_budget import BudgetGiven
-from autockpt.planner.core.units import Budget, parse_budget, read_unless_auto
+from autockpt.planner.core.units import Budget, read_unless_auto
 from autockpt.planner.entry import plan as make_plan
 from autockpt.planner.plan_types import Plan
 from autockpt.planner.training_step import training_step
@@ -134,9 +134,6 @@ class ShapePlanner:
         )
 
     def _make(self, inputs: list[Any], targets: list[Any]) -> tuple[Plan, torch.nn.Module]:
-        if self._budget == "auto":  # read on the device once, for every later plan
-            device = self._options.get("device") or _device_of(self.model)
-            self._budget = parse_budget("auto", device=device)
         plan = make_plan(
             self.model,
             inputs,
@@ -145,11 +142,7 @@ class ShapePlanner:
             example_targets=targets,
             **self._options,
         )
-        if callable(self._budget):  # decided from the first plain step, kept for the rest
-            self._budget = plan.budget
+        # NOTE [One budget]: "auto" (read on the device) or a function of the plain step is
+        # read by the first plan; every later plan keeps that reading.
+        self._budget = plan.budget
         return plan, apply(self.model, plan)
-
-
-def _device_of(model: torch.nn.Module) -> torch.device:
-    parameter = next(model.parameters(), None)
-    return parameter.device if parameter is not None else torch.device("cpu")

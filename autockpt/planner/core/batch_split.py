@@ -57,11 +57,7 @@ from autockpt.errors import ConfigError
 def batch_size_of(values: Sequence[Any]) -> int | None:
     """The batch size of ``values``: the dim-0 size most of its tensors share (nests too;
     on a tie, the first tensor's), or ``None`` when no tensor has a dimension."""
-    sizes = [int(t.shape[0]) for t in tree_flatten(list(values))[0] if _has_rows(t)]
-    if not sizes:
-        return None
-    counts = Counter(sizes)
-    return max(counts, key=lambda size: (counts[size], -sizes.index(size)))
+    return _most_common([int(t.shape[0]) for t in tree_flatten(list(values))[0] if _has_rows(t)])
 
 
 def carrying_leaves(values: Sequence[Any], batch_size: int | None) -> tuple[str, list[bool]]:
@@ -319,14 +315,9 @@ def declared_sizes(shapes: BatchShapes, maximum: Sequence[int]) -> dict[LeafDim,
     dimension of another tensor of the same size (labels beside ids, a ``(T, T)`` mask),
     the same dimension index first where two bounded sizes coincide.
     """
-    carrying = [
-        (index, shape)
-        for index, shape in enumerate(shapes.shapes)
-        if shape and shape[0] == shapes.batch_size
-    ]
-    if not carrying:
+    reference = _reference(shapes)
+    if reference is None:
         return {}
-    _, reference = max(carrying, key=lambda pair: (len(pair[1]), -pair[0]))
     bounded = min(len(maximum), len(reference))
     by_size: dict[int, int] = {}
     for dim in reversed(range(bounded)):
@@ -356,10 +347,21 @@ def _no_larger(shape: Sequence[int], bound: Sequence[int]) -> bool:
 
 def _batch_size(shapes: Sequence[list[int] | None]) -> int | None:
     """The dim-0 size most tensors share (on a tie, the first tensor's)."""
-    sizes = [shape[0] for shape in shapes if shape]
+    return _most_common([shape[0] for shape in shapes if shape])
+
+
+def _most_common(sizes: list[int]) -> int | None:
+    """The size most often in ``sizes`` (on a tie, the first), or ``None`` for none."""
     if not sizes:
         return None
-    return max(set(sizes), key=lambda size: (sizes.count(size), -sizes.index(size)))
+    counts = Counter(sizes)
+    return max(counts, key=lambda size: (counts[size], -sizes.index(size)))
+
+
+def _reference(shapes: BatchShapes) -> list[int] | None:
+    """The shape of the first tensor carrying the batch with the most dimensions."""
+    carrying = [shape for shape in shapes.shapes if shape and shape[0] == shapes.batch_size]
+    return max(carrying, key=len) if carrying else None
 
 
 def _name(path: Any) -> str:
@@ -383,10 +385,9 @@ def suggested_maximum(*seen: BatchShapes) -> tuple[int, ...]:
     of the tensor that carries the batch with the most dimensions."""
     widest: list[int] = []
     for shapes in seen:
-        carrying = [s for s in shapes.shapes if s and s[0] == shapes.batch_size]
-        if not carrying:
+        reference = _reference(shapes)
+        if reference is None:
             continue
-        reference = max(carrying, key=len)
         if len(reference) > len(widest):
             widest += reference[len(widest) :]
         padded = reference + widest[len(reference) :]
