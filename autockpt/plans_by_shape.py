@@ -25,6 +25,10 @@ batch holds for, so :class:`PlansByShape` keeps several and decides, before each
 Planning forks the random streams (as every ``autockpt.plan`` call does), so the run's losses,
 data order and dropout masks are the plain run's whatever was planned mid-run.
 
+Under several ranks every rank must decide alike (rank 0 plans for all and the others wait on
+its plan), but each holds a batch of its own, padded to its own length: each rank's shapes are
+gathered first and every rank decides on the largest of them (:func:`batch_over_ranks`).
+
 Memory is re-measured for each new bucket, never extrapolated from another: a step's peak is
 linear in the batch only where every op is separable along it, and attention is quadratic in
 the positions; a new measurement costs one planning (a few seconds) per bucket.
@@ -36,6 +40,8 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
+
+import torch
 
 from autockpt.errors import ConfigError, InfeasibleBudgetError, PlanningError, ShapeError
 from autockpt.planner.core.batch_split import (
@@ -222,3 +228,35 @@ def _same_ranks(one: BatchShapes, other: BatchShapes) -> bool:
     return one.structure == other.structure and all(
         len(a or ()) == len(b or ()) for a, b in zip(one.shapes, other.shapes, strict=True)
     )
+
+
+def batch_over_ranks(batch: Any, world_size: int) -> Any:
+    """The batch grown to the largest shapes any rank holds now, where several ranks train
+    (NOTE [Plans that follow the shapes of a run]): each rank's batch can be padded to another
+    length, and every rank must decide alike whether to plan. One rank: the batch itself."""
+    if world_size == 1 or not torch.distributed.is_initialized():
+        return batch
+    mine = batch_shapes((batch,), ())
+    everyone: list[Any] = [None] * world_size
+    torch.distributed.all_gather_object(everyone, mine)
+    same = [shapes for shapes in everyone if shapes.structure == mine.structure]
+    sizes = {
+        (leaf, dim): max(shapes.size(leaf, dim) for shapes in same)
+        for leaf, shape in enumerate(mine.shapes)
+        for dim in range(len(shape or ()))
+    }
+    largest = mine.resized(sizes)
+    if largest == mine:
+        return batch
+    (grown,), _ = padded_to((batch,), (), largest)
+    return grown
+
+
+def plan_from_rank_zero(make: Callable[[], Plan], world_size: int) -> Plan:
+    """The plan rank 0 makes with ``make``, on every rank (one broadcast); one rank: made."""
+    if world_size == 1 or not torch.distributed.is_initialized():
+        return make()
+    sent = [make().model_dump_json() if torch.distributed.get_rank() == 0 else None]
+    torch.distributed.broadcast_object_list(sent, src=0)
+    assert sent[0] is not None, "rank 0 sends its plan"
+    return Plan.model_validate_json(sent[0])

@@ -707,16 +707,16 @@ MUTATIONS = (
         "hf-plan-not-installed",
         "the Hugging Face callback plans but the Trainer's model keeps its own submodules",
         "autockpt/hf/callback.py",
-        "            self._installed = InstalledPlan(module, autockpt.apply(HuggingFaceStep(module), plan))\n        except",
-        "            autockpt.apply(HuggingFaceStep(module), plan)\n        except",
+        "            self._installed = InstalledPlan(module, entry.runner)\n",
+        "            self._installed = InstalledPlan(module, HuggingFaceStep(module))\n",
         ("tests/hf/test_trainer_callback.py",),
     ),
     Mutation(
         "hf-plan-not-in-checkpoints",
         "the Hugging Face callback's checkpoint state leaves its plan out",
         "autockpt/hf/callback.py",
-        '"attributes": {"plan_json": plan_json}',
-        '"attributes": {"plan_json": None}',
+        '"attributes": {"plans_json": plans or self.plans_json}',
+        '"attributes": {"plans_json": []}',
         ("tests/hf/test_trainer_callback.py",),
     ),
     Mutation(
@@ -759,8 +759,9 @@ MUTATIONS = (
         "planning leaves torch.distributions' argument checks off after it, so the user's own "
         "steps no longer check a distribution's arguments",
         "autockpt/planner/core/fake_mode.py",
+        "        finally:\n"
         "            torch.distributions.Distribution.set_default_validate_args(self._checks_before.pop())\n",
-        "            self._checks_before.pop()\n",
+        "        finally:\n            self._checks_before.pop()\n",
         ("tests/planner/test_user_steps.py",),
     ),
     Mutation(
@@ -1437,8 +1438,8 @@ MUTATIONS = (
         "report-is-not-the-table",
         "autockpt.report(plan) gives the plan's raw model, not the table the command line prints",
         "autockpt/plan_report.py",
-        "    print_plan(console, plan, budget_given=True)\n",
-        "    console.print(repr(plan))\n",
+        "soft_wrap=True)\n    print_plan(console, plan, budget_given=True)\n",
+        "soft_wrap=True)\n    console.print(repr(plan))\n",
         ("tests/cli/test_report.py",),
     ),
     Mutation(
@@ -1708,6 +1709,122 @@ MUTATIONS = (
         "        pieces = min(pieces, batch)",
         "        pieces = pieces",
         ("tests/planner/test_shape_planner.py",),
+    ),
+    Mutation(
+        "loss-chunks-blind-to-the-shift",
+        "a loss that shifts its labels runs each chunk on its own terms' positions only, so "
+        "its slice drops a term at every chunk's end (NOTE [Losses that shift their labels])",
+        "autockpt/planner/runtime/chunked_loss.py",
+        "            length = terms + rule.shift\n",
+        "            length = terms\n",
+        (
+            "tests/planner/test_loss_forms.py::test_each_form_of_the_loss_runs_in_chunks_under_half_the_peak_with_the_plain_gradients",
+        ),
+    ),
+    Mutation(
+        "labelled-counts-not-shifted",
+        "a shifted loss's chunks are weighted by the labels at their own positions, not at the "
+        "positions a term reads its label from",
+        "autockpt/planner/runtime/chunked_loss.py",
+        "labelled.narrow(self.dim, s + self.shift, n)",
+        "labelled.narrow(self.dim, s, n)",
+        (
+            "tests/planner/test_loss_forms.py::test_each_form_of_the_loss_runs_in_chunks_under_half_the_peak_with_the_plain_gradients",
+        ),
+    ),
+    Mutation(
+        "loss-chunks-blind-to-other-gradients",
+        "a loss needing gradients for more than the scores (a penalty on the parameters) is "
+        "chunked, and those gradients are dropped (NOTE [The loss sees the scores alone])",
+        "autockpt/planner/runtime/chunked_loss.py",
+        "            found.append(leaf)\n",
+        "            pass\n",
+        (
+            "tests/planner/test_loss_forms.py::test_a_penalty_on_the_parameters_is_not_chunked_and_training_step_refuses_it",
+        ),
+    ),
+    Mutation(
+        "loss-probe-compares-values-alone",
+        "the probe takes a loss whose chunks add up to its value within tolerance, although "
+        "a small term (a z-loss) is weighted otherwise in chunks (NOTE [Probing in float64])",
+        "autockpt/planner/measure/loss_positions.py",
+        "        and torch.allclose(got, want, rtol=rounding, atol=rounding * 0.1 * scale)\n",
+        "        and bool(scale)\n",
+        (
+            "tests/planner/test_loss_forms.py::test_a_loss_that_does_not_add_up_over_positions_says_why",
+        ),
+    ),
+    Mutation(
+        "data-dependent-ops-end-planning",
+        "nonzero, masked_select and unique raise on planning's fake tensors, as torch's own "
+        "fake mode does (NOTE [Data-dependent sizes on fake tensors])",
+        "autockpt/planner/core/fake_mode.py",
+        "        if func in _DATA_DEPENDENT:",
+        "        if func in ():",
+        (
+            "tests/planner/test_data_dependent.py",
+            "tests/planner/test_loss_forms.py::test_data_dependent_ops_on_fake_tensors_are_made_at_their_largest",
+        ),
+    ),
+    Mutation(
+        "nonzero-made-small",
+        "a fake nonzero keeps one element, not every one: the step after a mask is measured "
+        "smaller than a real batch can make it",
+        "autockpt/planner/core/fake_mode.py",
+        "            return empty((source.numel(), source.dim()), torch.int64)",
+        "            return empty((1, source.dim()), torch.int64)",
+        (
+            "tests/planner/test_loss_forms.py::test_data_dependent_ops_on_fake_tensors_are_made_at_their_largest",
+        ),
+    ),
+    Mutation(
+        "planning-moves-the-host-streams",
+        "planning's real runs of the model move NumPy's and Python's random streams (Wav2Vec2's "
+        "feature mask), so a planned run's draws are not the plain run's",
+        "autockpt/planner/entry.py",
+        "            host_random_kept(),\n",
+        "",
+        (
+            "tests/planner/test_data_dependent.py::test_wav2vec2_for_ctc_plans_at_half_its_peak_with_the_plain_gradients",
+        ),
+    ),
+    Mutation(
+        "hf-own-loss-split-unchecked",
+        "the Trainer callback takes any model's loss for its loss_function on its logits, "
+        "without comparing the two on a real run (NOTE [The model's own loss in chunks])",
+        "autockpt/hf/own_loss.py",
+        "        torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(whole, split, strict=True)",
+        "        True for a, b in zip(whole, split, strict=True)",
+        ("tests/hf/test_own_loss_chunks.py",),
+    ),
+    Mutation(
+        "hf-head-left-aside",
+        "after a training call whose loss ran in chunks the head is not put back: evaluation "
+        "and the saved model get the features for logits",
+        "autockpt/hf/own_loss.py",
+        "        parent._modules[name] = head\n",
+        "",
+        (
+            "tests/hf/test_own_loss_chunks.py::test_the_models_own_loss_runs_in_chunks_under_a_budget_its_whole_loss_exceeds",
+        ),
+    ),
+    Mutation(
+        "hf-own-loss-never-chunked",
+        "the Trainer callback plans the model's own loss whole, as before (the logits the floor)",
+        "autockpt/hf/callback.py",
+        "        split = own_loss_split(model, batch) if self.allow_loss_chunks else None\n",
+        "        split = None\n",
+        (
+            "tests/hf/test_own_loss_chunks.py::test_the_models_own_loss_runs_in_chunks_under_a_budget_its_whole_loss_exceeds",
+        ),
+    ),
+    Mutation(
+        "hf-ranks-plan-each",
+        "under several ranks every rank plans for itself: the ranks' plans differ",
+        "autockpt/plans_by_shape.py",
+        "    if world_size == 1 or not torch.distributed.is_initialized():\n        return make()",
+        "    if True:\n        return make()",
+        ("tests/hf/test_trainer_ranks.py",),
     ),
 )
 

@@ -16,7 +16,10 @@ plain run's. Evaluation calls (no gradients) never plan. A plan that recomputes 
 is read before its pre-hooks run.
 
 *What.* The planner measures ``model(**batch)`` and the backward of the loss the model returns
-(:class:`~autockpt.hf.step.HuggingFaceStep`), with module-level segments; the optimizer's state
+(:class:`~autockpt.hf.step.HuggingFaceStep`), with module-level segments; where the model's
+loss is its ``loss_function`` on its logits, the model and that loss apart, so that the head
+and the loss can run in chunks of positions (NOTE [The model's own loss in chunks] in
+:mod:`autockpt.hf.own_loss`; ``allow_loss_chunks=False`` keeps them whole); the optimizer's state
 is counted from the Trainer's optimizer (fused kernels included), ``bf16`` and ``fp16`` measure
 under autocast, ``gradient_accumulation_steps > 1`` counts every gradient from the start of a
 step (``plan(..., gradients_live=True)``). The planned submodules go into the model the Trainer
@@ -37,7 +40,12 @@ checkpointing off and says so in one line, and the plan recomputes what the budg
 ``trainer_state.json``; a run resumed from a checkpoint takes them again without planning,
 whether or not ``args.restore_callback_states_from_checkpoint`` is set.
 
-*Ranks.* One process for now: a run on several ranks is refused in one line.
+*Ranks.* Under several ranks (``torchrun``, ``accelerate launch``: DDP, every rank holding
+the whole model) each rank's batch shapes are gathered and every rank decides on the largest
+(NOTE [Plans that follow the shapes of a run]); rank 0 plans, counting DDP's gradient buckets
+(``world_size``), and every rank takes its plan (one broadcast), so all ranks recompute the
+same submodules and run the same chunks. FSDP and DeepSpeed shard what the plan counts whole
+and are refused in one line.
 """
 
 from __future__ import annotations
@@ -55,11 +63,26 @@ from transformers.trainer_callback import ExportableState
 import autockpt
 from autockpt import Budget, Plan
 from autockpt.errors import ConfigError, InfeasibleBudgetError, PlanMismatchError
+from autockpt.hf.own_loss import (
+    LogitsStep,
+    OwnLoss,
+    OwnLossInChunks,
+    loss_targets,
+    model_inputs,
+    own_loss_split,
+)
 from autockpt.hf.step import HuggingFaceStep, output_loss
 from autockpt.installed_plan import InstalledPlan
 from autockpt.planner.core.batch_split import batch_shapes
 from autockpt.planner.core.units import read_unless_auto
-from autockpt.plans_by_shape import MAX_PLANS, PlansByShape, ShapeFollowing
+from autockpt.planner.trace.output_head import find_head_by_running
+from autockpt.plans_by_shape import (
+    MAX_PLANS,
+    PlansByShape,
+    ShapeFollowing,
+    batch_over_ranks,
+    plan_from_rank_zero,
+)
 
 __all__ = ["MemoryPlan"]
 
@@ -85,6 +108,8 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
         replan: plan a batch no plan holds for (a longer padded batch) before its step;
             ``False`` refuses it in one line (:class:`~autockpt.ShapeError`).
         max_plans: plans made at most; past that, one for the largest shape seen.
+        allow_loss_chunks: let the plan run the model's head and its own loss in chunks of
+            positions where the logits are the peak (NOTE [The model's own loss in chunks]).
 
     Example:
         trainer = transformers.Trainer(
@@ -102,6 +127,7 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
         max_shape: Sequence[int] | None = None,
         replan: bool = True,
         max_plans: int = MAX_PLANS,
+        allow_loss_chunks: bool = True,
     ) -> None:
         # NOTE [One budget]: read once, here; ``auto`` needs the device, read at the first step.
         self.budget = read_unless_auto(budget)
@@ -111,6 +137,7 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
         self.max_shape = tuple(max_shape) if max_shape is not None else None
         self.replan = replan
         self.max_plans = max_plans
+        self.allow_loss_chunks = allow_loss_chunks
         self.plan: Plan | None = None
         """The plan in use, once the first training step has started."""
         self.plans_json: list[str] = []
@@ -123,7 +150,8 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
         )
         """The run's plans, one per shape bucket: ``.plans``, ``.num_plans``, ``.planning_s``."""
         self._installed: InstalledPlan | None = None
-        self._hook: torch.utils.hooks.RemovableHandle | None = None
+        self._own_loss: OwnLossInChunks | None = None
+        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         self._model: torch.nn.Module | None = None
         self._planning = False
 
@@ -142,6 +170,7 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
                 "max_shape": list(self.max_shape) if self.max_shape is not None else None,
                 "replan": self.replan,
                 "max_plans": self.max_plans,
+                "allow_loss_chunks": self.allow_loss_chunks,
             },
             "attributes": {"plans_json": plans or self.plans_json},
         }
@@ -157,10 +186,11 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
     ) -> None:
         if model is None:
             raise ConfigError("MemoryPlan needs the Trainer's model; pass it to Trainer(model=)")
-        if args.world_size > 1:
+        if args.world_size > 1 and (args.fsdp or args.deepspeed):
             raise ConfigError(
-                f"MemoryPlan plans one process for now, not {args.world_size} ranks; train on "
-                "one device, or remove the callback"
+                f"MemoryPlan plans DDP ranks, each holding the whole model, not "
+                f"{'FSDP' if args.fsdp else 'DeepSpeed'}'s shards; train with DDP (drop "
+                "TrainingArguments' fsdp/deepspeed), or remove the callback"
             )
         self._turn_off_hugging_face_checkpointing(args, model)
         # Loaded from the checkpoint a run resumes from: a dict by callback name.
@@ -173,10 +203,16 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
                 self.plans_json = [attributes["plan_json"]]
         if not self.plans_json and self.plan_json:  # restored by an earlier release's state
             self.plans_json = [self.plan_json]
-        if self._hook is None:
+        if not self._hooks:
             self._model = model
             hook = functools.partial(self._before_training_call, args, state, optimizer)
-            self._hook = model.register_forward_pre_hook(hook, with_kwargs=True)
+            self._hooks = [
+                model.register_forward_pre_hook(hook, with_kwargs=True),
+                # NOTE [The model's own loss in chunks]: the head put back, even on an error.
+                model.register_forward_hook(
+                    self._after_call, with_kwargs=True, always_call=True, prepend=True
+                ),
+            ]
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -198,15 +234,16 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
         module: torch.nn.Module,
         call_args: tuple[Any, ...],
         call_kwargs: dict[str, Any],
-    ) -> None:
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         """The forward pre-hook: before each training call, the plan of its batch's shapes,
-        planned now where none holds for it (NOTE [Planning under transformers.Trainer])."""
+        planned now where none holds for it (NOTE [Planning under transformers.Trainer]);
+        the call without its labels where the plan runs the model's own loss in chunks."""
         if (
             self._planning
             or module is not self._model
             or not (module.training and torch.is_grad_enabled())
         ):
-            return  # an evaluation call, or planning's own runs of the model (hooks and all)
+            return None  # an evaluation call, or planning's own runs of the model (hooks and all)
         if call_args:
             raise ConfigError(
                 f"the model was called with {len(call_args)} positional inputs; MemoryPlan "
@@ -221,22 +258,42 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
             del targets  # the model computes its own loss
             self._planning = True  # planning times the model itself: its calls are not steps
             try:
-                plan = self._plan(module, inputs[0], args, optimizer)
+                plan = plan_from_rank_zero(
+                    lambda: self._plan(module, inputs[0], args, optimizer), args.world_size
+                )
             finally:
                 self._planning = False
-            return plan, autockpt.apply(HuggingFaceStep(module), plan)
+            return plan, _planned_step(module, plan)
 
-        entry = self.shape_plans.follow((batch,), (), make)
+        # NOTE [Plans that follow the shapes of a run]: every rank decides on the same shapes.
+        entry = self.shape_plans.follow((batch_over_ranks(batch, args.world_size),), (), make)
         if self._installed is None or entry.plan is not self.plan:
             if self._installed is not None:
                 self._installed.remove()
             self._installed = InstalledPlan(module, entry.runner)
+            chunks = entry.plan.loss_chunks
+            self._own_loss = OwnLossInChunks(module, chunks) if chunks is not None else None
             self.plan = entry.plan
         if self.show and self.shape_plans.num_plans > made and state.is_world_process_zero:
             from autockpt.plan_report import print_run_plan
 
             plans = self.shape_plans
             print_run_plan(Console(), entry.plan, plans.num_plans, plans.planning_s)
+        if self._own_loss is not None and "labels" in batch:
+            return call_args, self._own_loss.before(batch)
+        return None
+
+    def _after_call(
+        self,
+        module: torch.nn.Module,
+        call_args: tuple[Any, ...],
+        call_kwargs: dict[str, Any],
+        output: Any,
+    ) -> Any:
+        """The forward hook: the head and the model's own loss in chunks of positions after
+        a training call whose labels :meth:`_before_training_call` took out (NOTE [The
+        model's own loss in chunks]); every other call's output as it is."""
+        return self._own_loss.after(output) if self._own_loss is not None else output
 
     def _take_saved_plans(self, module: torch.nn.Module, batch: dict[str, Any]) -> None:
         """The plans of the checkpoint a run resumed from, for the shapes each was made at;
@@ -244,7 +301,7 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
         for text in self.plans_json:
             plan = Plan.model_validate_json(text)
             try:
-                planned = autockpt.apply(HuggingFaceStep(module), plan)
+                planned = _planned_step(module, plan)
             except PlanMismatchError:
                 continue
             shapes = plan.batch_shapes or batch_shapes((batch,), ())
@@ -265,22 +322,29 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
             else autockpt.parse_budget(self.budget, device=device)
         )
         autocast_dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None
+        # NOTE [The model's own loss in chunks]: the model and its loss apart, where they split.
+        split = own_loss_split(model, batch) if self.allow_loss_chunks else None
+        step: torch.nn.Module = HuggingFaceStep(model)
+        inputs: tuple[Any, ...] = (batch,)
+        loss: dict[str, Any] = {"loss_fn": output_loss, "allow_loss_chunks": False}
+        if isinstance(split, OwnLoss):
+            step, inputs = LogitsStep(model), (model_inputs(batch),)
+            loss = {"loss_fn": split, "example_targets": loss_targets(batch)}
         try:
-            inputs: tuple[Any, ...] = (batch,)
-            return autockpt.plan(
-                HuggingFaceStep(model),
+            plan = autockpt.plan(
+                step,
                 inputs,
                 budget,
-                loss_fn=output_loss,
+                **loss,
                 optimizer=_unwrapped(optimizer) if optimizer is not None else "adamw",
                 device=device,
                 use_gradient_checkpointing=self.use_gradient_checkpointing,
                 allow_micro_batches=False,
                 allow_chunks=self.allow_chunks,
-                allow_loss_chunks=False,  # the model computes its loss on the whole logits
                 autocast_dtype=autocast_dtype,
                 tracing="forward-hooks",
                 gradients_live=args.gradient_accumulation_steps > 1,
+                world_size=args.world_size,
             )
         except InfeasibleBudgetError as error:
             raise InfeasibleBudgetError(
@@ -291,6 +355,14 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
                 minimum_bytes=error.minimum_bytes,
                 bound=error.bound,
             ) from None
+        plain = plan.num_recomputed == 0 and not any(s.num_chunks > 1 for s in plan.segments)
+        if isinstance(split, OwnLoss) and plan.loss_chunks is None and not plain:
+            head = find_head_by_running(step, inputs)
+            split = head if isinstance(head, str) else None
+        if isinstance(split, str) and not plain:
+            note = f"the model's own loss is not run in chunks of positions: {split}"
+            plan = plan.model_copy(update={"notes": [*plan.notes, note]})
+        return plan
 
     # ------------------------------------------------------------------ helpers
 
@@ -316,12 +388,23 @@ class MemoryPlan(TrainerCallback, ExportableState):  # type: ignore[misc]
         )
 
     def _remove(self) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self._own_loss = None
         if self._installed is not None:
             self._installed.remove()
             self._installed = None
+
+
+def _planned_step(module: torch.nn.Module, plan: Plan) -> torch.nn.Module:
+    """The plan applied to the step it was made for: its planned submodules, which
+    :class:`~autockpt.installed_plan.InstalledPlan` puts into the model. A plan that runs the
+    head and the model's own loss in chunks is applied without them (the head stays the
+    model's; :class:`~autockpt.hf.own_loss.OwnLossInChunks` stands it aside per call)."""
+    if plan.loss_chunks is None:
+        return autockpt.apply(HuggingFaceStep(module), plan)
+    return autockpt.apply(LogitsStep(module), plan.model_copy(update={"loss_chunks": None}))
 
 
 def _unwrapped(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

@@ -63,9 +63,9 @@ from autockpt.errors import InfeasibleBudgetError, PlanMismatchError, PlanningEr
 from autockpt.installed_plan import InstalledPlan
 from autockpt.lightning.forward_plan import InstalledForward, LossAfterForward, forward_inputs
 from autockpt.lightning.step import LightningStep, step_loss
-from autockpt.planner.core.batch_split import batch_shapes, padded_to
+from autockpt.planner.core.batch_split import batch_shapes
 from autockpt.planner.core.units import read_unless_auto
-from autockpt.plans_by_shape import MAX_PLANS, PlansByShape, ShapeFollowing
+from autockpt.plans_by_shape import MAX_PLANS, PlansByShape, ShapeFollowing, batch_over_ranks
 
 __all__ = ["MemoryPlan"]
 
@@ -156,7 +156,7 @@ class MemoryPlan(pl.Callback):
             return self._plan_on_rank_zero(trainer, pl_module, inputs[0], batch_idx), None
 
         # NOTE [Plans that follow the shapes of a run]: every rank decides on the same shapes.
-        entry = self.shape_plans.follow((_batch_over_ranks(trainer, batch),), (), make)
+        entry = self.shape_plans.follow((batch_over_ranks(batch, trainer.world_size),), (), make)
         if self._installed is None or entry.plan is not self.plan:
             self._remove()
             self._installed = _install(pl_module, entry.plan, batch_idx, trainer)
@@ -281,28 +281,6 @@ class MemoryPlan(pl.Callback):
         if self._installed is not None:
             self._installed.remove()
             self._installed = None
-
-
-def _batch_over_ranks(trainer: pl.Trainer, batch: Any) -> Any:
-    """The batch grown to the largest shapes any rank holds now, where several ranks train:
-    each rank's batch can be padded to another length, and every rank must decide alike
-    whether to plan (rank 0 plans for all). One rank: the batch itself."""
-    if trainer.world_size == 1 or not torch.distributed.is_initialized():
-        return batch
-    mine = batch_shapes((batch,), ())
-    everyone: list[Any] = [None] * trainer.world_size
-    torch.distributed.all_gather_object(everyone, mine)
-    same = [shapes for shapes in everyone if shapes.structure == mine.structure]
-    sizes = {
-        (leaf, dim): max(shapes.size(leaf, dim) for shapes in same)
-        for leaf, shape in enumerate(mine.shapes)
-        for dim in range(len(shape or ()))
-    }
-    largest = mine.resized(sizes)
-    if largest == mine:
-        return batch
-    (grown,), _ = padded_to((batch,), (), largest)
-    return grown
 
 
 def _install(

@@ -12,7 +12,7 @@ from autockpt.planner.runtime.head_cut import cut_before_head_module
 from autockpt.planner.runtime.planned_chain import apply_module_plan
 from autockpt.planner.runtime.planned_graph import planned_module
 from autockpt.planner.trace.fx_graph import COMPUTE_OPS, segments_from_node_lists, trace_graph
-from autockpt.planner.trace.output_head import cut_before_head, find_output_head
+from autockpt.planner.trace.output_head import OutputHead, cut_before_head, find_output_head
 
 
 def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
@@ -98,17 +98,19 @@ def _planned(model: torch.nn.Module, plan: Plan, actions: list[SegmentAction]) -
                 "autockpt.plan"
             )
         # NOTE [Loss over positions in chunks]: the head left to training_step.
-        return cut_before_head_module(planned, head_path, returns_cut=False)
+        return cut_before_head_module(planned, head_path, plan.loss_chunks.leaf, returns_cut=False)
     graph = trace_graph(model)
+    head: OutputHead | None = None
     if plan.loss_chunks is not None:
         # NOTE [Loss over positions in chunks]: the graph ends before the head.
-        head = find_output_head(model, graph)
-        if isinstance(head, str) or head.path != plan.loss_chunks.head:
+        found = find_output_head(model, graph)
+        if isinstance(found, str) or found.path != plan.loss_chunks.head:
             raise PlanMismatchError(
                 f"the plan runs {plan.loss_chunks.head} with the loss in chunks, but "
                 f"{type(model).__name__}'s output is not that layer's; re-plan for this model "
                 "with autockpt.plan"
             )
+        head = found
         graph = cut_before_head(graph, head)
     compute_names = [n.name for n in graph.nodes if n.op in COMPUTE_OPS]
     planned_names = [name for segment in plan.segments for name in segment.nodes]
@@ -118,4 +120,4 @@ def _planned(model: torch.nn.Module, plan: Plan, actions: list[SegmentAction]) -
             f"{len(compute_names)} (or they differ); re-plan for this model with autockpt.plan"
         )
     segments = segments_from_node_lists(graph, [segment.nodes for segment in plan.segments])
-    return planned_module(model, graph, segments, actions, head_cut=plan.loss_chunks is not None)
+    return planned_module(model, graph, segments, actions, head=head)

@@ -31,7 +31,7 @@ from autockpt.planner.core.batch_split import (
     grown_to,
 )
 from autockpt.planner.core.decisions import Parallelism
-from autockpt.planner.core.host_settings import cyclic_gc_paused, one_cpu_thread
+from autockpt.planner.core.host_settings import cyclic_gc_paused, host_random_kept, one_cpu_thread
 from autockpt.planner.core.step_budget import BudgetGiven, StepBudget, read_budget
 from autockpt.planner.core.train_eval import training_mode
 from autockpt.planner.core.units import Budget, format_bytes
@@ -360,6 +360,7 @@ def _plan_round(
     try:
         with (
             torch.random.fork_rng(devices=rng_devices),
+            host_random_kept(),
             cyclic_gc_paused(),
             one_cpu_thread() as cpu_threads,
             training_mode(model),

@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_map_only
 from autockpt.errors import InfeasibleBudgetError, TraceError
 from autockpt.planner.core.fake_copies import fake_copy
 from autockpt.planner.core.fake_mode import PlanningFakeMode
+from autockpt.planner.core.output_structure import OutputSlot
 from autockpt.planner.core.step_budget import StepBudget
 from autockpt.planner.core.units import format_bytes
 from autockpt.planner.measure.loss_positions import loss_over_positions
@@ -82,6 +83,14 @@ def plan_step(
             raise min(refused, error, key=lambda e: e.minimum_bytes) from None
         if chunked is None:
             raise
+        if isinstance(chunked, str):
+            raise InfeasibleBudgetError(
+                f"{refused}; {chunked}",
+                budget_bytes=refused.budget_bytes,
+                minimum_bytes=refused.minimum_bytes,
+                bound=refused.bound,
+                unplanned_bytes=refused.unplanned_bytes,
+            ) from None
         return chunked
     plain = whole.num_micro_batches == 1 and not any(
         segment.recomputed for segment in whole.segments
@@ -95,6 +104,8 @@ def plan_step(
         )
     except InfeasibleBudgetError:
         return whole
+    if isinstance(chunked, str):
+        return whole.model_copy(update={"notes": [*whole.notes, chunked]})
     if chunked is None or chunked.predicted_extra_s >= whole.predicted_extra_s:
         return whole
     note = (
@@ -111,10 +122,11 @@ def _chunked_plan(
     request: PlanRequest,
     unplanned_bytes: int,
     cpu_threads: int,
-) -> Plan | None:
+) -> Plan | str | None:
     """The plan with the head and the loss in chunks of positions; None where the model has
-    no head whose loss adds up over positions, or its scores are a small part of the plain
-    peak ``unplanned_bytes``.
+    no head, or its scores are a small part of the plain peak ``unplanned_bytes``; the note
+    line saying why where the loss does not add up over positions (or reads more than the
+    scores).
 
     Raises:
         InfeasibleBudgetError: no plan fits with them either.
@@ -138,15 +150,19 @@ def _chunked_plan(
     if scores_bytes < SCORES_SHARE * unplanned_bytes:
         return None
     positions = loss_over_positions(
-        module, features_shape, request.example_targets, request.loss_fn
+        module, features_shape, request.example_targets, request.loss_fn, head.slot
     )
     if isinstance(positions, str):
-        return None
+        return (
+            f"the head {head.path} and the loss not in chunks of positions: {positions}; a "
+            "loss(output, labels) of the head's scores alone, a sum or mean over positions "
+            "(labels where the scores are, or a position on), is run in chunks"
+        )
     num_chunks = min(
-        features_shape[positions.dim],
+        positions.terms(features_shape),
         max(MIN_LOSS_CHUNKS, -(-scores_bytes // CHUNK_SCORES_BYTES)),
     )
-    chunked = ChunkedLoss(request.loss_fn, num_chunks, positions)
+    chunked = ChunkedLoss(request.loss_fn, num_chunks, positions, head.slot)
     result = plan_one_process(
         cut_model,
         example_inputs,
@@ -167,9 +183,11 @@ def _chunked_plan(
         max_bytes=max((room_bytes - held.inputs_bytes) // 2, 0),
     )
     extra_s = _chunks_s(time_model, features_shape, head, num_chunks)
+    shifted = f", labels {positions.shift} on" if positions.shift else ""
     note = (
         f"the head {head.path} and the loss run in {num_chunks} chunks of positions "
-        f"({format_bytes(scores_bytes / num_chunks)} of scores each, {positions.reduction}), "
+        f"({format_bytes(scores_bytes / num_chunks)} of scores each, {positions.reduction}"
+        f"{shifted}), "
         f"each chunk's gradients taken in forward: the whole {format_bytes(scores_bytes)} of "
         f"scores never exist; about {extra_s * 1e3:.1f} ms a step, estimated (NOTE [Time "
         "model]); run steps with autockpt.training_step"
@@ -190,7 +208,12 @@ def _chunked_plan(
 
 def _loss_chunks(head: OutputHead, num_chunks: int, positions: LossOverPositions) -> LossChunks:
     return LossChunks(
-        head=head.path, num_chunks=num_chunks, dim=positions.dim, reduction=positions.reduction
+        head=head.path,
+        num_chunks=num_chunks,
+        dim=positions.dim,
+        reduction=positions.reduction,
+        shift=positions.shift,
+        leaf=head.leaf,
     )
 
 
@@ -210,8 +233,11 @@ def _cut_step(
         except TraceError:
             head = "torch.fx does not trace it"
         if isinstance(head, OutputHead):
-            traced = trace_model(model, example_inputs, cut_before=head)
-            if (
+            try:
+                traced: TracedModel | None = trace_model(model, example_inputs, cut_before=head)
+            except TraceError:  # a submodule kept whole that does not run on fake tensors
+                traced = None
+            if traced is not None and (
                 tracing == "fx"
                 or not traced.opaque
                 or not weigh_opaque(traced.graph_module, example_inputs, traced)[0]
@@ -222,7 +248,7 @@ def _cut_step(
     head = find_head_by_running(model, example_inputs)
     if isinstance(head, str):
         return None
-    cut_model = cut_before_head_module(model, head.path, returns_cut=True)
+    cut_model = cut_before_head_module(model, head.path, head.leaf, returns_cut=True)
     why = f"the model cut before its head {head.path}"
     return head, cut_model, find_module_chain(cut_model, example_inputs, why=why)
 
@@ -256,12 +282,14 @@ def _chunks_s(
     )
 
 
-def chunked_loss_of(plan: Plan, loss_fn: object) -> ChunkedLoss:
-    """The loss :func:`autockpt.training_step` runs for a plan with ``plan.loss_chunks``."""
+def chunked_loss_of(plan: Plan, loss_fn: object, slot: OutputSlot | None) -> ChunkedLoss:
+    """The loss :func:`autockpt.training_step` runs for a plan with ``plan.loss_chunks``,
+    the scores put in ``slot`` of the model's output for ``loss_fn``."""
     chunks = plan.loss_chunks
     assert chunks is not None
     return ChunkedLoss(
         loss_fn,  # type: ignore[arg-type]
         chunks.num_chunks,
-        LossOverPositions(chunks.dim, chunks.reduction),
+        LossOverPositions(chunks.dim, chunks.reduction, chunks.shift),
+        slot,
     )

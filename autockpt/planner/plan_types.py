@@ -129,6 +129,12 @@ class LossChunks(BaseModel):
     """The positions' dimension of the head's input (and of the targets cut with it)."""
     reduction: Literal["sum", "mean", "mean over labelled"]
     """How the chunks' losses add up to the whole loss, as the probe found it."""
+    shift: int = 0
+    """How many positions on the loss reads a term's label (NOTE [Losses that shift their
+    labels]): each chunk runs on that many positions more."""
+    leaf: int | None = None
+    """The head's output's place in the structure the model returns; ``None``: the model
+    returns it alone."""
 
 
 class PeakBreakdown(BaseModel):

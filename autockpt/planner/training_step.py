@@ -147,4 +147,5 @@ def _loss(
     cut = features_before_head(model, inputs, plan.loss_chunks.head)
     if cut is None:  # the model's own forward runs (a flag or an argument the graph froze)
         return loss_fn(model(*inputs), *targets)
-    return chunked_loss_of(plan, loss_fn)(cut, *targets)
+    head_input, slot = cut
+    return chunked_loss_of(plan, loss_fn, slot)(head_input, *targets)

@@ -68,9 +68,10 @@ def smoothed_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, VOCAB), labels.view(-1), label_smoothing=0.1)
 
 
-def shifted_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy that shifts the labels itself: it mixes positions."""
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+def sequence_normalised_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy plus a term normalised over the whole sequence: it mixes positions."""
+    spread = logits[..., 0].logsumexp(dim=1).mean()
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten()) + spread
 
 
 def _batch() -> tuple[tuple[torch.Tensor], tuple[torch.Tensor]]:
@@ -132,9 +133,10 @@ def test_a_loss_that_mixes_positions_is_not_chunked():
     torch.manual_seed(0)
     model = TinyLM().train()
     inputs, targets = _batch()
-    whole = _minimum(model, inputs, targets, shifted_loss, allow_loss_chunks=False)
-    refused = _minimum(model, inputs, targets, shifted_loss)
+    whole = _minimum(model, inputs, targets, sequence_normalised_loss, allow_loss_chunks=False)
+    refused = _minimum(model, inputs, targets, sequence_normalised_loss)
     assert refused.minimum_bytes == whole.minimum_bytes
+    assert "not a sum or a mean over positions" in str(refused)
 
 
 def test_training_step_needs_the_planned_model_for_a_loss_in_chunks():
@@ -173,17 +175,17 @@ def test_the_probe_finds_how_a_loss_adds_up_over_positions(loss_fn, reduction):
 @pytest.mark.parametrize(
     ("loss_fn", "reason"),
     [
-        (shifted_loss, "mixes them"),
+        (sequence_normalised_loss, "not a sum or a mean"),
         # Another ignored label: -100 is refused, so which positions count is not known.
         (lambda o, y: F.cross_entropy(o.flatten(0, 1), y.flatten(), ignore_index=7), "refuses"),
         # Padding (label 0) masked by the loss itself, and present in the targets.
         (
             lambda o, y: F.cross_entropy(o.flatten(0, 1), y.masked_fill(y == 0, -100).flatten()),
-            "mixes them",
+            "not a sum or a mean",
         ),
         (lambda o, y: o.sum(-1), "not one number"),
     ],
-    ids=["shifted", "other-ignore-index", "masked-padding", "not-scalar"],
+    ids=["sequence-normalised", "other-ignore-index", "masked-padding", "not-scalar"],
 )
 def test_the_probe_refuses_a_loss_whose_chunks_do_not_add_up(loss_fn, reason):
     head = nn.Linear(WIDTH, 50)

@@ -48,6 +48,18 @@ keeps from forward for backward) no bytes at all; in training it is activation m
 fake mode makes it :func:`cudnn_rnn_reserve_bytes` long, a size read off cuDNN on a GPU (see
 that function). The kernels' own scratch space lives only inside the call, as an op's
 workspace does everywhere else in the planner.
+
+NOTE [Data-dependent sizes on fake tensors]
+``nonzero`` (a boolean mask's indexing ``x[mask]``, ``torch.where(mask)``), ``masked_select``,
+``unique`` and ``unique_consecutive`` make a tensor whose size depends on the values, which a
+fake tensor has not: torch's fake mode raises, and a model (``Wav2Vec2ForCTC``'s feature mask)
+or a loss (a z-loss over ``logits[labels != -100]``) that uses one ended planning. The planner
+needs bytes, not values: planning's fake mode makes each such output as large as it can be,
+every element kept (a mask all true, every value distinct), so the step is measured at its
+most and every shape after it is one a real batch can give. It agrees with what a read of a
+fake mask gives (NOTE [Values read off fake tensors]: not empty). A real step's are the same
+size or smaller. ``repeat_interleave`` with a tensor of repeats has no such bound (its size is
+the repeats' sum) and still raises; planning measures that model on real copies, as before.
 """
 
 from __future__ import annotations
@@ -125,6 +137,8 @@ class PlanningFakeMode(FakeTensorMode):
     ) -> Any:
         if func is _CUDNN_RNN_BACKWARD:  # NOTE [cuDNN's RNN on fake tensors]
             return _cudnn_rnn_backward(bound_arguments(func, args, kwargs))
+        if func in _DATA_DEPENDENT:  # NOTE [Data-dependent sizes on fake tensors]
+            return self._every_element_kept(func, types, bound_arguments(func, args, kwargs))
         out: Any = super().__torch_dispatch__(func, types, args, kwargs)
         if func is _CUDNN_RNN:
             bound = bound_arguments(func, args, kwargs)
@@ -135,7 +149,47 @@ class PlanningFakeMode(FakeTensorMode):
                 out = (*out[:3], reserve, *out[4:])
         return out
 
+    def _every_element_kept(self, func: Any, types: Any, bound: dict[str, Any]) -> Any:
+        """The outputs of a data-dependent op at their largest (NOTE [Data-dependent sizes on
+        fake tensors])."""
+        source: torch.Tensor = bound["self"]
 
+        def empty(shape: Sequence[int], dtype: torch.dtype) -> Any:
+            return super(PlanningFakeMode, self).__torch_dispatch__(
+                _NEW_EMPTY, types, (source, list(shape)), {"dtype": dtype}
+            )
+
+        if func is _NONZERO:
+            return empty((source.numel(), source.dim()), torch.int64)
+        if func is _MASKED_SELECT:
+            kept = torch.broadcast_shapes(source.shape, bound["mask"].shape).numel()
+            return empty((kept,), source.dtype)
+        # unique, unique_consecutive: values, inverse, counts; the last two empty unless
+        # asked for, as the kernels make them. Along a dimension: every slice distinct.
+        dim = bound.get("dim")
+        values = tuple(source.shape) if dim is not None else (source.numel(),)
+        along = source.shape[dim] if dim is not None else source.numel()
+        whole = (along,) if dim is not None else tuple(source.shape)
+        inverse = whole if bound.get("return_inverse", False) else (0,)
+        counts = (along,) if bound.get("return_counts", False) else (0,)
+        return (
+            empty(values, source.dtype),
+            empty(inverse, torch.int64),
+            empty(counts, torch.int64),
+        )
+
+
+_NEW_EMPTY = torch.ops.aten.new_empty.default
+_NONZERO = torch.ops.aten.nonzero.default
+_MASKED_SELECT = torch.ops.aten.masked_select.default
+_DATA_DEPENDENT = frozenset(
+    {
+        _NONZERO,
+        _MASKED_SELECT,
+        torch.ops.aten._unique2.default,
+        torch.ops.aten.unique_consecutive.default,
+    }
+)
 _CUDNN_RNN = torch.ops.aten._cudnn_rnn.default
 _CUDNN_RNN_BACKWARD = torch.ops.aten._cudnn_rnn_backward.default
 #: Rows of the hidden size cuDNN keeps per layer, direction, step and sample, by the mode

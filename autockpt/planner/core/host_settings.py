@@ -1,4 +1,5 @@
-"""How planning uses the host process: one CPU thread, and Python's cyclic collector paused.
+"""How planning uses the host process: one CPU thread, Python's cyclic collector paused, and
+the host's random streams left where they were.
 
 Planning runs tens of thousands of small operations (fake-tensor dispatch in Python, and a few
 real kernels at tiny sizes: scalars, the LSTM's workspace probe, the separability probe). None
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import random
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 
@@ -52,3 +55,20 @@ def cyclic_gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+@contextlib.contextmanager
+def host_random_kept() -> Iterator[None]:
+    """Put Python's and NumPy's global random streams back as they were, afterwards.
+
+    Planning runs the model's forward for real (its probes, its timings, a model measured on
+    real copies), and a forward may draw from them: ``Wav2Vec2``'s feature mask draws its
+    spans from NumPy. Without this, a planned run's masks after planning were not those of the
+    plain run with the same seeds (torch's own streams are forked beside it).
+    """
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)

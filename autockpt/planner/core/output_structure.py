@@ -105,6 +105,26 @@ class OutputStructure:
         return built
 
 
+@dataclass(frozen=True)
+class OutputSlot:
+    """Where a head's scores sit in the model's output (NOTE [The loss sees the scores
+    alone] in :mod:`autockpt.planner.runtime.chunked_loss`).
+
+    Attributes:
+        structure: the output's structure.
+        leaf: the scores' place among its leaves.
+    """
+
+    structure: OutputStructure
+    leaf: int
+
+    def output(self, scores: torch.Tensor) -> Any:
+        """An output of the model's type with ``scores`` in the head's place, ``None`` else."""
+        leaves: list[Any] = [None] * self.structure.num_leaves
+        leaves[self.leaf] = scores
+        return self.structure.rebuild(leaves)
+
+
 def needs_structure(value: Any) -> bool:
     """Whether a traced return value is more than one graph value (a bare proxy or tensor)."""
     return not isinstance(value, (fx.Proxy, torch.Tensor))

@@ -4,6 +4,26 @@ chunks] in :mod:`autockpt.planner.trace.output_head`).
 Each chunk's scores, loss and gradients are computed in forward, one chunk at a time, and the
 chunk's scores dropped before the next (NOTE [Gradients in forward]). The chunks' losses add up
 to the whole loss by :meth:`LossOverPositions.shares`, and their gradients likewise.
+
+NOTE [Losses that shift their labels]
+A language model's loss is most often written the way the model's own is: the scores at
+position t against the label at t + 1, either by slicing (``logits[:, :-1]`` against
+``ids[:, 1:]``) or by shifting the labels and ignoring the last position (Hugging Face's
+``ForCausalLMLoss``). Cut into chunks of positions as they are, both lose a term at every
+chunk's end. So a loss found to shift by ``shift`` positions runs each chunk on ``shift``
+positions more than the chunk's own terms, its scores and its targets alike: the slice (or the
+ignored padding) drops exactly those, and the chunk's loss is the loss of its own terms, its
+labels read ``shift`` positions on. The extra position's scores get no gradient from the chunk
+(the loss does not read them); the next chunk, whose first term it is, gives it its own. The
+chunks cover the ``positions - shift`` terms of the whole.
+
+NOTE [The loss sees the scores alone]
+Where the model returns a structure (a ``CausalLMOutput``, a dict, a tuple) the loss is given
+one of the same type with each chunk's scores in the head's place and ``None`` in every other:
+a loss that reads anything else of the output (an auxiliary loss, the hidden states) fails the
+probe and is not chunked, since its gradient would not flow. For the same reason a loss whose
+value needs gradients through any tensor but the scores (a penalty on the parameters) is not
+chunked: each chunk's gradients are taken for the scores alone.
 """
 
 from __future__ import annotations
@@ -14,6 +34,9 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+
+from autockpt.errors import PlanMismatchError
+from autockpt.planner.core.output_structure import OutputSlot
 
 Reduction = Literal["sum", "mean", "mean over labelled"]
 
@@ -34,10 +57,18 @@ class LossOverPositions:
             weighted by its share of the positions; ``"mean over labelled"``: each weighted
             by its share of the positions whose integer label is not ``IGNORE_INDEX``
             (cross-entropy with ignored labels, with or without label smoothing).
+        shift: how many positions on the loss reads a term's label (1: ``logits[:, :-1]``
+            against ``ids[:, 1:]``, or labels shifted and padded inside the loss); each chunk
+            runs on that many positions more (NOTE [Losses that shift their labels]).
     """
 
     dim: int
     reduction: Reduction
+    shift: int = 0
+
+    def terms(self, features_shape: Sequence[int]) -> int:
+        """The loss's terms along the positions: every position but the last ``shift``."""
+        return features_shape[self.dim] - self.shift
 
     def carries_positions(self, target: Any, features_shape: Sequence[int]) -> bool:
         """Whether ``target`` is cut along the positions with the features."""
@@ -71,18 +102,18 @@ class LossOverPositions:
         For ``"mean over labelled"`` the labelled positions are counted in the first integer
         target that carries positions: one read of the device per step.
         """
-        positions = features_shape[self.dim]
         if self.reduction == "sum":
             return [1.0] * len(spans)
         if self.reduction == "mean":
-            return [length / positions for _, length in spans]
+            return [length / self.terms(features_shape) for _, length in spans]
         labels = next(
             t
             for t in targets
             if self.carries_positions(t, features_shape) and not t.is_floating_point()
         )
         labelled = labels != IGNORE_INDEX
-        counts = torch.stack([labelled.narrow(self.dim, s, n).sum() for s, n in spans])
+        # A term's label is ``shift`` positions on (NOTE [Losses that shift their labels]).
+        counts = torch.stack([labelled.narrow(self.dim, s + self.shift, n).sum() for s, n in spans])
         # One copy to the host, then host reads (each read of a fake count is a neutral 1,
         # NOTE [Values read off fake tensors]).
         per_chunk = [int(count) for count in counts.cpu()]
@@ -90,6 +121,24 @@ class LossOverPositions:
         if total == 0:  # nothing labelled: the loss of the whole is NaN, as the plain step's
             return [1.0 / len(spans)] * len(spans)
         return [count / total for count in per_chunk]
+
+
+def gradient_leaves_besides(loss: torch.Tensor, scores: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors needing gradients that ``loss`` was computed from, other than ``scores``
+    (NOTE [The loss sees the scores alone])."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+    stack = [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        leaf = getattr(node, "variable", None)  # an AccumulateGrad node's tensor
+        if leaf is not None and leaf is not scores:
+            found.append(leaf)
+        stack.extend(following for following, _ in node.next_functions)
+    return found
 
 
 def chunk_spans(positions: int, num_chunks: int) -> list[tuple[int, int]]:
@@ -104,24 +153,31 @@ def chunk_spans(positions: int, num_chunks: int) -> list[tuple[int, int]]:
     return spans
 
 
+def loss_input(slot: OutputSlot | None, scores: torch.Tensor) -> Any:
+    """What the loss is given for ``scores``: them, or the model's output around them."""
+    return scores if slot is None else slot.output(scores)
+
+
 @dataclass(frozen=True)
 class ChunkedLoss:
     """``loss_fn(head(features), *targets)`` in ``num_chunks`` chunks of positions, each
-    chunk's gradients taken in forward; called with the cut model's output
-    ``(features, weight, bias)`` (NOTE [Gradients in forward]).
+    chunk's gradients taken in forward; called with the cut model's output, whose first three
+    are ``(features, weight, bias)`` (NOTE [Gradients in forward]).
 
     Attributes:
-        loss_fn: the user's ``loss_fn(logits, *targets) -> scalar``.
+        loss_fn: the user's ``loss_fn(output, *targets) -> scalar``.
         num_chunks: how many chunks of positions.
         positions: how the loss adds up over them.
+        slot: where the scores sit in the model's output; ``None``: the scores are the output.
     """
 
     loss_fn: Callable[..., torch.Tensor]
     num_chunks: int
     positions: LossOverPositions
+    slot: OutputSlot | None = None
 
     def __call__(self, output: Any, *targets: Any) -> torch.Tensor:
-        features, weight, bias = output
+        features, weight, bias = output[:3]
         loss: torch.Tensor = _GradientsInForward.apply(self, features, weight, bias, *targets)
         return loss
 
@@ -132,8 +188,9 @@ class ChunkedLoss:
         for one that needs none), one chunk of scores at a time: the loss's gradient for the
         chunk's scores by autograd, the head's own by its two matrix products, added into
         one buffer each (no weight-sized tensor per chunk)."""
-        dim, shape = self.positions.dim, tuple(features.shape)
-        spans = chunk_spans(shape[dim], self.num_chunks)
+        rule = self.positions
+        dim, shape = rule.dim, tuple(features.shape)
+        spans = chunk_spans(rule.terms(shape), self.num_chunks)
         wanted = [t is not None and t.requires_grad for t in (features, weight, bias)]
         gradients: list[torch.Tensor | None] = [
             torch.zeros_like(t) if t is not None and w else None
@@ -141,15 +198,26 @@ class ChunkedLoss:
         ]
         grad_features, grad_weight, grad_bias = gradients
         total, dtype = features.new_zeros((), dtype=torch.float64), torch.float32
-        for (start, length), share in zip(
-            spans, self.positions.shares(targets, shape, spans), strict=True
-        ):
+        checked = False
+        for (start, terms), share in zip(spans, rule.shares(targets, shape, spans), strict=True):
             if share == 0.0:
                 continue  # every label ignored: no loss, no gradient
+            # NOTE [Losses that shift their labels]: ``shift`` positions more than its terms.
+            length = terms + rule.shift
             chunk = features.narrow(dim, start, length)
             scores = F.linear(chunk, weight, bias).requires_grad_(any(wanted))
             with torch.enable_grad():
-                part = self.loss_fn(scores, *self.positions.piece(targets, shape, start, length))
+                part = self.loss_fn(
+                    loss_input(self.slot, scores), *rule.piece(targets, shape, start, length)
+                )
+                if not checked and (others := gradient_leaves_besides(part, scores)):
+                    raise PlanMismatchError(
+                        f"the loss reads {len(others)} tensors that need gradients besides the "
+                        "head's scores (a penalty on the parameters, a value kept from the "
+                        "forward); in chunks of positions they would get none: re-plan with "
+                        "allow_loss_chunks=False, or add that term outside loss_fn"
+                    )
+                checked = True  # one chunk's graph tells: the loss is the same code for each
                 part = part * share
                 found = torch.autograd.grad(part, scores) if any(wanted) else None
             total += part.detach().double()

@@ -55,6 +55,7 @@ import torch
 import torch.fx as fx
 
 from autockpt.planner.core.decisions import SegmentAction
+from autockpt.planner.core.output_structure import OutputSlot
 from autockpt.planner.core.train_eval import frozen_training_flags
 from autockpt.planner.runtime.segment_runners import (
     SegmentRunner,
@@ -62,6 +63,7 @@ from autockpt.planner.runtime.segment_runners import (
     class_of_its_own,
 )
 from autockpt.planner.trace.fx_graph import Segment, trace_graph
+from autockpt.planner.trace.output_head import OutputHead, output_around
 from autockpt.planner.trace.python_arguments import differing_argument, specialized_arguments
 
 #: The tables the planned module shares with the model (NOTE [The planned module]).
@@ -89,8 +91,8 @@ class PlannedForward:
         actions: what to do with each segment.
         frozen_flags: module path -> the training flag the graph froze for it.
         model_forward: the model class's ``forward`` (called with ``root``).
-        head_cut: ``graph`` ends before the model's head, returning its input, weight and
-            bias (NOTE [Loss over positions in chunks]).
+        head: the model's head, where ``graph`` ends before it, returning its input, weight,
+            bias and the output's other values (NOTE [Loss over positions in chunks]).
     """
 
     def __init__(
@@ -104,10 +106,11 @@ class PlannedForward:
         actions: Sequence[SegmentAction],
         frozen_flags: dict[str, bool],
         model_forward: Callable[..., Any],
-        head_cut: bool = False,
+        head: OutputHead | None = None,
     ) -> None:
         self.root = root
-        self.head_cut = head_cut
+        self.head = head
+        self.head_cut = head is not None
         self.tables = tables
         self.root_attributes = root_attributes
         self.graph = graph
@@ -134,16 +137,19 @@ class PlannedForward:
         if self._runs_graph(args, kwargs):
             output = self.graph_module(*args, **kwargs)
             # NOTE [Loss over positions in chunks]: called directly, the model's output.
-            return torch.nn.functional.linear(*output) if self.head_cut else output
+            return output if self.head is None else output_around(self.head, output)
         return self.model_forward(self.root, *args, **kwargs)
 
-    def before_head(self, *args: Any, **kwargs: Any) -> tuple[Any, ...] | None:
+    def before_head(
+        self, *args: Any, **kwargs: Any
+    ) -> tuple[tuple[Any, ...], OutputSlot | None] | None:
         """A plan that cuts the graph before the model's head: the head's input, weight and
-        bias, for :func:`autockpt.training_step` to run the head and the loss in chunks;
-        ``None`` when the step runs the model's own forward instead (see ``__call__``)."""
-        assert self.head_cut, "the plan runs the head with the model"
+        bias, and where its scores sit in the model's output, for
+        :func:`autockpt.training_step` to run the head and the loss in chunks; ``None`` when
+        the step runs the model's own forward instead (see ``__call__``)."""
+        assert self.head is not None, "the plan runs the head with the model"
         if self._runs_graph(args, kwargs):
-            return tuple(self.graph_module(*args, **kwargs))
+            return tuple(self.graph_module(*args, **kwargs))[:3], self.head.slot
         return None
 
     def _runs_graph(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -179,7 +185,7 @@ class PlannedForward:
             actions=self.actions,
             frozen_flags=self.frozen_flags,
             model_forward=self.model_forward,
-            head_cut=self.head_cut,
+            head=self.head,
         )
 
     def _build(self) -> fx.GraphModule:
@@ -240,7 +246,7 @@ def planned_module(
     segments: Sequence[Segment],
     actions: Sequence[SegmentAction],
     *,
-    head_cut: bool = False,
+    head: OutputHead | None = None,
 ) -> torch.nn.Module:
     """The planned module of a traced plan (NOTE [The planned module]).
 
@@ -249,8 +255,8 @@ def planned_module(
         graph: from :func:`~autockpt.planner.trace.fx_graph.trace_graph`.
         segments: the plan's chain over ``graph``.
         actions: one per segment.
-        head_cut: ``graph`` ends before the model's head (NOTE [Loss over positions in
-            chunks]).
+        head: the model's head, where ``graph`` ends before it (NOTE [Loss over positions
+            in chunks]).
 
     Returns:
         A shallow copy of ``model`` whose ``forward`` is a :class:`PlannedForward`.
@@ -280,7 +286,7 @@ def planned_module(
         actions=actions,
         frozen_flags=frozen,
         model_forward=type(model).forward,
-        head_cut=head_cut,
+        head=head,
     )
     return planned
 
