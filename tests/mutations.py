@@ -1745,8 +1745,9 @@ MUTATIONS = (
     ),
     Mutation(
         "loss-probe-compares-values-alone",
-        "the probe takes a loss whose chunks add up to its value within tolerance, although "
-        "a small term (a z-loss) is weighted otherwise in chunks (NOTE [Probing in float64])",
+        "the probe takes a loss whose chunks add up to its value, although a term of no value "
+        "and a gradient (a straight-through estimator's) is weighted otherwise in chunks "
+        "(NOTE [Probing in float64])",
         "autockpt/planner/measure/loss_positions.py",
         "        and torch.allclose(got, want, rtol=rounding, atol=rounding * 0.1 * scale)\n",
         "        and bool(scale)\n",

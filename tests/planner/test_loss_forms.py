@@ -81,6 +81,11 @@ def smoothed_z_loss(output: Any, labels: torch.Tensor) -> torch.Tensor:
     return loss + 1e-4 * torch.logsumexp(logits, -1)[kept != IGNORE_INDEX].pow(2).mean()
 
 
+def _no_value(tensor: torch.Tensor) -> torch.Tensor:
+    """Zero, with ``tensor``'s gradient."""
+    return tensor - tensor.detach()
+
+
 def own_loss_function(model: nn.Module) -> Callable[..., torch.Tensor]:
     """The model's own ``loss_function`` (labels shifted and padded inside it)."""
     return lambda output, labels: model.loss_function(output.logits, labels, vocab_size=VOCAB)
@@ -225,10 +230,16 @@ def test_a_penalty_on_the_parameters_is_not_chunked_and_training_step_refuses_it
             lambda o, y: shifted(o, y) + 1e-5 * torch.logsumexp(o.logits, -1).pow(2).mean(),
             "not a sum or a mean over positions",
         ),
+        # A term with no value and a gradient (a straight-through estimator's form) over every
+        # position: only the gradients tell (NOTE [Probing in float64]).
+        (
+            lambda o, y: shifted(o, y) + _no_value(torch.logsumexp(o.logits, -1)).mean(),
+            "not a sum or a mean over positions",
+        ),
         # The labels closed over: no target carries the positions.
         (lambda o: shifted(o, _batch()[1][0]), "no target has the positions"),
     ],
-    ids=["z-loss-over-every-position", "closed-over-labels"],
+    ids=["z-loss-over-every-position", "gradient-without-value", "closed-over-labels"],
 )
 def test_a_loss_that_does_not_add_up_over_positions_says_why(loss_fn, reason):
     model = _llama()

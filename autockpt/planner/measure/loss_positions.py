@@ -166,8 +166,10 @@ def _adds_up(
     NOTE [Probing in float64]
     A term weighted wrongly in chunks can be small beside the rest of the loss (a z-loss at
     1e-4 over every position beside a cross-entropy over the labelled ones was 1e-4 of the
-    loss, inside float32's tolerance for sums, and was taken for a mean over labelled). So the
-    scores are float64 and both the loss and its gradient for every score are compared. A loss
+    loss, inside float32's tolerance for sums, and was taken for a mean over labelled), and a
+    term can have no value at all and a gradient (a straight-through estimator's
+    ``x - x.detach()``). So the scores are float64 and both the loss and its gradient for every
+    score are compared. A loss
     that stays in float64 is compared to float64's rounding (a z-loss at 1e-5 shows in the
     gradients); one that casts to float32 itself (``.float()``) only to float32's, where a
     term under about 1e-5 of the loss is within rounding whichever way it is weighted, and so
