@@ -1782,9 +1782,9 @@ MUTATIONS = (
         "planning-moves-the-host-streams",
         "planning's real runs of the model move NumPy's and Python's random streams (Wav2Vec2's "
         "feature mask), so a planned run's draws are not the plain run's",
-        "autockpt/planner/entry.py",
-        "            host_random_kept(),\n",
-        "",
+        "autockpt/planner/core/host_settings.py",
+        "    with torch.random.fork_rng(devices=forked_devices(device)), host_random_kept():",
+        "    with torch.random.fork_rng(devices=forked_devices(device)):",
         (
             "tests/planner/test_data_dependent.py::test_wav2vec2_for_ctc_plans_at_half_its_peak_with_the_plain_gradients",
         ),
@@ -1826,6 +1826,60 @@ MUTATIONS = (
         "    if world_size == 1 or not torch.distributed.is_initialized():\n        return make()",
         "    if True:\n        return make()",
         ("tests/hf/test_trainer_ranks.py",),
+    ),
+    Mutation(
+        "verify-without-autocast",
+        "the plan's check step runs in float32 though the plan was measured under autocast: "
+        "its activations look twice as large and a plan that fits is planned again",
+        "autockpt/planner/verify.py",
+        "            if autocast_dtype is not None\n",
+        "            if False\n",
+        ("tests/planner/test_verify.py",),
+    ),
+    Mutation(
+        "out-of-memory-recovered-inside-except",
+        "the trainer re-plans inside the except block, with the failed step's tensors held by "
+        "the traceback (NOTE [Recovering outside the except block])",
+        "autockpt/training/loop/memory_retry.py",
+        "            if not retries():\n                raise\n",
+        "            if not retries():\n                raise\n            recover()\n",
+        ("tests/training/test_memory_retry.py",),
+    ),
+    Mutation(
+        "retried-step-draws-other-masks",
+        "a step retried after running out of memory draws other random numbers (dropout "
+        "masks) than the failed one",
+        "autockpt/training/loop/memory_retry.py",
+        "        torch.set_rng_state(cpu_state)\n",
+        "",
+        ("tests/training/test_memory_retry.py",),
+    ),
+    Mutation(
+        "cuda-rng-of-device-zero",
+        "a CUDA device named without an index forks device 0's random stream, not the current "
+        "device's",
+        "autockpt/planner/core/host_settings.py",
+        "    return [device.index if device.index is not None else torch.cuda.current_device()]",
+        "    return [device.index or 0]",
+        ("tests/planner/core/test_host_settings.py",),
+    ),
+    Mutation(
+        "adamw-probe-per-parameter-on-cuda",
+        "the optimizer probe on fake CUDA parameters takes torch's per-parameter path, which a "
+        "card does not, and misses the foreach kernels' temporaries",
+        "autockpt/planner/measure/fake_step.py",
+        '                    group["foreach"] = True\n',
+        "                    pass\n",
+        ("tests/planner/test_optimizer_specs.py",),
+    ),
+    Mutation(
+        "budget-not-capped-on-cuda",
+        "on a card larger than the budget the allocator is not capped: a step over the budget "
+        "runs and is seen only afterwards",
+        "autockpt/training/loop/step_memory.py",
+        "    torch.cuda.set_per_process_memory_fraction(fraction, device)\n",
+        "",
+        ("tests/training/test_step_memory.py",),
     ),
 )
 

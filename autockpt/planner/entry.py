@@ -1,8 +1,7 @@
 """``plan()``: the planner's entry point, for one process or one rank of several.
 
-It reads the budget, plans the step of one process (:mod:`autockpt.planner.pipeline`, NOTE
-[Planning]) against the budget less one rank's difference (NOTE [Per-rank accounting] in
-:mod:`autockpt.planner.measure.sharding`), and, on CUDA, checks the plan with a real step
+It reads the budget, plans one process's step (NOTE [Planning]) against the budget less one
+rank's difference (NOTE [Per-rank accounting]), and, on CUDA, checks the plan with a real step
 (:mod:`autockpt.planner.verify`), planning again when the step went over.
 """
 
@@ -31,7 +30,11 @@ from autockpt.planner.core.batch_split import (
     grown_to,
 )
 from autockpt.planner.core.decisions import Parallelism
-from autockpt.planner.core.host_settings import cyclic_gc_paused, host_random_kept, one_cpu_thread
+from autockpt.planner.core.host_settings import (
+    cyclic_gc_paused,
+    one_cpu_thread,
+    random_streams_kept,
+)
 from autockpt.planner.core.step_budget import BudgetGiven, StepBudget, read_budget
 from autockpt.planner.core.train_eval import training_mode
 from autockpt.planner.core.units import Budget, format_bytes
@@ -122,13 +125,12 @@ def plan(
             model's last linear layer and ``loss_fn`` together in chunks of positions (the
             whole logits never exist), when the loss adds up over positions (NOTE [Loss over
             positions in chunks]); run such a plan's steps with :func:`training_step`.
-        verify: run one real planned step and compare its peak with the prediction; if it
-            is over the budget, plan again against a lower one, as NOTE [Planning again] in
-            :mod:`autockpt.planner.verify` says. Default: on CUDA only (on the CPU the
-            prediction is measured with the very kernels the step runs). Needs the model and
-            inputs on the device.
+        verify: run one real planned step and compare its peak with the prediction; if over
+            the budget, plan again lower (NOTE [Planning again] in :mod:`autockpt.planner.verify`).
+            Default: on CUDA only (on the CPU the prediction is measured with the very kernels
+            the step runs). Needs the model and inputs on the device.
         autocast_dtype: the mixed-precision dtype training runs at (``torch.bfloat16``,
-            ``torch.float16``): the step is measured under ``torch.autocast`` with it.
+            ``torch.float16``): the step is measured and verified under ``torch.autocast``.
         world_size: ranks training together, each on its own ``example_inputs`` batch. The
             budget is per rank, and so are the predicted peak and its breakdown.
         parallelism: ``"single"``, ``"ddp"`` (every rank holds the whole model) or ``"fsdp"``
@@ -241,6 +243,7 @@ def plan(
                 loss_fn=loss_fn,
                 example_targets=example_targets,
                 optimizer=optimizer,
+                autocast_dtype=autocast_dtype,
             )
             notes.append(
                 f"verified: a real step peaked at {format_bytes(check.reserved_peak_bytes)}, "
@@ -353,14 +356,11 @@ def _plan_round(
     request: PlanRequest,
 ) -> Plan:
     """One rank's plan against ``budget`` (NOTE [One budget])."""
-    device = request.device
-    rng_devices = [device.index or 0] if device.type == "cuda" else []
-    # Calibration and probes draw random numbers; the caller's RNG stream must not move.
-    # The step is measured as it trains, whatever mode the model is in.
+    # Probes draw random numbers (the caller's streams must not move); the step is measured
+    # as it trains, whatever mode the model is in.
     try:
         with (
-            torch.random.fork_rng(devices=rng_devices),
-            host_random_kept(),
+            random_streams_kept(request.device),
             cyclic_gc_paused(),
             one_cpu_thread() as cpu_threads,
             training_mode(model),

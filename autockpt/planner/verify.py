@@ -3,7 +3,9 @@ what to do when a real step goes over.
 
 On the CPU the peak is the tracked bytes of NOTE [Tracked bytes]; on CUDA it is the caching
 allocator's ``max_memory_allocated`` and ``max_memory_reserved`` over the step, plus the
-plan's context estimate. The step runs on the model itself, which is put back afterwards
+plan's context estimate. The step runs under the autocast the plan was measured under: a check
+step in float32 of a plan measured in bfloat16 holds twice the activations, looks over the
+budget and makes needless re-plans (or a refusal) on a card. The step runs on the model itself, which is put back afterwards
 (parameters, gradients, buffers and the RNG state), so verifying costs no second copy of the
 model on a card that is already tight.
 
@@ -20,12 +22,14 @@ are part of solving: :mod:`autockpt.planner.solve.budget_search`.)
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from autockpt.planner.apply import apply
+from autockpt.planner.core.host_settings import forked_devices
 from autockpt.planner.core.memory_tracker import MemoryTracker, tensors_of
 from autockpt.planner.core.train_eval import training_mode
 from autockpt.planner.measure.fake_step import default_loss
@@ -96,6 +100,7 @@ def verify_plan(
     loss_fn: LossFn | None = None,
     example_targets: Sequence[torch.Tensor] = (),
     optimizer: OptimizerSpec = "adamw",
+    autocast_dtype: torch.dtype | None = None,
 ) -> Verification:
     """Run one real planned training step and measure its peak; leave the model as it was.
 
@@ -107,6 +112,8 @@ def verify_plan(
             outputs.
         example_targets: what the loss compares against, on the plan's device.
         optimizer: as for :func:`autockpt.plan`.
+        autocast_dtype: the precision the plan was measured in (``plan(autocast_dtype=)``);
+            the step runs under ``torch.autocast`` with it, as training will.
 
     Returns:
         The measured and predicted peaks.
@@ -118,12 +125,19 @@ def verify_plan(
         name: None if p.grad is None else p.grad.detach().clone()
         for name, p in model.named_parameters()
     }
-    rng_devices = [device.index or 0] if device.type == "cuda" else []
+    rng_devices = forked_devices(device)
     try:
         # A training step, whatever mode the model is in (NOTE [Modes and the traced graph]).
         with torch.random.fork_rng(devices=rng_devices), training_mode(model):
             return _measure(
-                model, plan, example_inputs, example_targets, loss_fn, optimizer, device
+                model,
+                plan,
+                example_inputs,
+                example_targets,
+                loss_fn,
+                optimizer,
+                device,
+                autocast_dtype,
             )
     finally:
         with torch.no_grad():
@@ -141,6 +155,7 @@ def _measure(
     loss_fn: LossFn,
     optimizer_spec: OptimizerSpec,
     device: torch.device,
+    autocast_dtype: torch.dtype | None,
 ) -> Verification:
     optimizer = make_optimizer(optimizer_spec, list(model.parameters()))
     for parameter in model.parameters():
@@ -150,7 +165,15 @@ def _measure(
     planned = apply(model, plan)
 
     def step() -> None:
-        training_step(planned, plan, example_inputs, example_targets, loss_fn, loss_reduction="sum")
+        precision = (
+            torch.autocast(device.type, dtype=autocast_dtype)
+            if autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
+        with precision:
+            training_step(
+                planned, plan, example_inputs, example_targets, loss_fn, loss_reduction="sum"
+            )
         if optimizer is not None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

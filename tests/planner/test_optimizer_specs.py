@@ -63,3 +63,22 @@ def test_a_factory_that_makes_no_optimizer_is_refused_in_one_line() -> None:
         _state_bytes(_model(), lambda parameters: parameters)
     message = str(caught.value)
     assert "\n" not in message and "returned list, not a torch.optim.Optimizer" in message
+
+
+def test_adamw_on_fake_cuda_parameters_is_measured_with_the_foreach_kernels():
+    # On a card AdamW runs its foreach kernels (a temporary for every parameter at once);
+    # torch chooses them by the parameters' types, which fake tensors are not.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autockpt.planner.measure.fake_step import FakeTrainingState, _optimizer_with_state
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        parameters = [torch.nn.Parameter(torch.empty(512, 512, device="cuda")) for _ in range(8)]
+    state = FakeTrainingState.__new__(FakeTrainingState)
+    state.parameters, state.mode = parameters, mode
+    state.optimizer, settings = _optimizer_with_state("adamw", parameters)
+    with mode:
+        extra = state._step_extra_bytes(settings)
+    parameter_bytes = sum(p.numel() * p.element_size() for p in parameters)
+    assert extra >= parameter_bytes, (extra, parameter_bytes)

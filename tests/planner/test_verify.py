@@ -23,3 +23,40 @@ def test_the_planner_and_the_trainer_read_one_policy() -> None:
     assert entry.REPLANNING is REPLANNING
     assert replanning.REPLANNING is REPLANNING and train.REPLANNING is REPLANNING
     assert REPLANNING.max_rounds >= 1 and 0 < REPLANNING.least_share < 1
+
+
+def test_the_check_step_runs_in_the_precision_the_plan_was_measured_in() -> None:
+    # A plan measured under bf16 autocast is checked by a step under the same autocast: in
+    # float32 its activations are twice as large and the check would refuse a plan that fits.
+    import torch
+    from torch import nn
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    import autockpt
+    from tests.helpers import MLPStack
+
+    torch.manual_seed(0)
+    model = MLPStack().train()
+    inputs = (torch.randn(64, 64),)
+    seen: list[torch.dtype] = []
+
+    def record(module: nn.Module, args: object, output: torch.Tensor) -> None:
+        if not isinstance(output, FakeTensor):
+            seen.append(output.dtype)
+
+    first = next(m for m in model.modules() if isinstance(m, nn.Linear))
+    plan = autockpt.plan(model, inputs, 10**12, autocast_dtype=torch.bfloat16)
+    handle = first.register_forward_hook(record)
+    try:
+        autockpt.planner.verify.verify_plan(model, plan, inputs, autocast_dtype=torch.bfloat16)
+    finally:
+        handle.remove()
+    assert seen and set(seen) == {torch.bfloat16}, seen
+    # Through plan(verify=True) too: the last real forward planning runs is the check step's.
+    handle = first.register_forward_hook(record)
+    try:
+        seen.clear()
+        autockpt.plan(model, inputs, 10**12, autocast_dtype=torch.bfloat16, verify=True)
+    finally:
+        handle.remove()
+    assert seen[-1] == torch.bfloat16

@@ -185,3 +185,41 @@ def test_a_trainer_step_under_a_budget_stays_under_it_by_an_independent_count(
     assert counter.peak_bytes <= budget, f"counted {counter.peak_bytes} over {budget}"
     assert abs(counter.peak_bytes - record["peak_bytes"]) <= 0.02 * counter.peak_bytes
     assert trainer.state.num_replans == 0
+
+
+@pytest.mark.parametrize(
+    ("budget_bytes", "capped"), [(4 * 2**30, True), (100 * 2**30, False)], ids=["4GB", "100GB"]
+)
+def test_a_budget_smaller_than_the_card_caps_the_allocator(
+    monkeypatch: pytest.MonkeyPatch, mlp_and_plan: Any, budget_bytes: int, capped: bool
+) -> None:
+    # NOTE [Enforcing the budget]: on an 80 GiB card a 4 GiB budget caps the allocator at the
+    # budget less the context, so an overshoot runs out of memory there (the retry path).
+    class Card:
+        total_memory = 80 * 2**30
+
+    caps: list[tuple[float, torch.device]] = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Card())
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda f, d: caps.append((f, d))
+    )
+    model, plan = mlp_and_plan
+    context = 300 * 2**20
+    plan = plan.model_copy(
+        update={"breakdown": plan.breakdown.model_copy(update={"context_bytes": context})}
+    )
+    device = torch.device("cuda", 0)
+    meter = StepMemoryMeter(
+        device,
+        model,
+        torch.optim.AdamW(model.parameters()),
+        plan,
+        parallelism="single",
+        budget_bytes=budget_bytes,
+        check_every=5,
+    )
+    if capped:
+        assert caps == [((budget_bytes - context) / Card.total_memory, device)]
+        assert meter.cap_fraction == caps[0][0]
+    else:
+        assert caps == [] and meter.cap_fraction is None

@@ -72,3 +72,20 @@ def host_random_kept() -> Iterator[None]:
     finally:
         random.setstate(python_state)
         np.random.set_state(numpy_state)
+
+
+def forked_devices(device: torch.device) -> list[int]:
+    """The CUDA devices a fork of the random streams for work on ``device`` must cover: its
+    index, or the current device where it names none (``"cuda"`` alone is the current device,
+    not device 0); none for the CPU, whose stream is forked always."""
+    if device.type != "cuda":
+        return []
+    return [device.index if device.index is not None else torch.cuda.current_device()]
+
+
+@contextlib.contextmanager
+def random_streams_kept(device: torch.device) -> Iterator[None]:
+    """torch's random streams (the CPU's, and ``device``'s on CUDA) forked, and Python's and
+    NumPy's put back afterwards: every random stream the caller draws from is where it was."""
+    with torch.random.fork_rng(devices=forked_devices(device)), host_random_kept():
+        yield

@@ -220,6 +220,13 @@ class FakeTrainingState:
                 for p in chosen
             ]
         probe = same_kind(self.optimizer, chosen)
+        if foreach:
+            # torch picks foreach kernels by the parameters' types, and a fake tensor is not one
+            # it picks them for: left to choose, the probe took the per-parameter path a real
+            # CUDA step does not take, and missed its copy of every parameter's moments.
+            for group in probe.param_groups:
+                if "foreach" in group:
+                    group["foreach"] = True
         for parameter in chosen:
             parameter.grad = torch.zeros_like(parameter)
         probe.step()  # create its state

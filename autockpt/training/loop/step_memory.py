@@ -26,6 +26,12 @@ so the CPU measures a sample of the steps and loses nothing a measured step woul
 Steps not measured are recorded with ``peak_bytes`` null and ``peak_measured`` false; the
 epoch records and the summary say how many steps were measured.
 
+On CUDA a budget smaller than the card also caps the process: the caching allocator is told to
+hold no more than the budget less the plan's context estimate
+(``set_per_process_memory_fraction``), so a step that would go over runs out of memory at the
+budget and takes the retry path below, instead of running over it on a larger card and being
+seen only afterwards.
+
 When a measured step goes over (CPU) or runs out of memory (CUDA, the step is retried), the
 trainer plans again as NOTE [Planning again] in :mod:`autockpt.planner.verify` says (lower by
 the overshoot and by at least a tenth of the budget it planned for, at most three times in a
@@ -92,6 +98,12 @@ class StepMemoryMeter:
         self.check_every = check_every
         self._steps_since_change = 0
         self._shapes: tuple[torch.Size, ...] | None = None
+        self.cap_fraction = (
+            cap_process_memory(device, budget_bytes - plan.breakdown.context_bytes)
+            if device.type == "cuda" and budget_bytes is not None
+            else None
+        )
+        """The share of the card the allocator may hold (NOTE [Enforcing the budget])."""
 
     def use_plan(self, plan: Plan) -> None:
         """The steps from now on run ``plan``; the next ones are measured."""
@@ -167,6 +179,17 @@ class StepMemoryMeter:
                 tracker.add_bytes(self.plan.breakdown.gathered_bytes)
             yield reading
         reading.peak_bytes = tracker.peak_bytes
+
+
+def cap_process_memory(device: torch.device, allocator_bytes: int) -> float | None:
+    """Cap the caching allocator on ``device`` at ``allocator_bytes`` where the card is larger
+    (NOTE [Enforcing the budget]); the share set, or ``None`` where the card is no larger."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = max(allocator_bytes, 0) / total
+    if fraction >= 1.0:
+        return None
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return fraction
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

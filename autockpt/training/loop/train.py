@@ -25,11 +25,13 @@ import torch
 
 import autockpt
 from autockpt.errors import DeviceError
+from autockpt.planner.core.host_settings import forked_devices
 from autockpt.planner.verify import REPLANNING
 from autockpt.training.forecasts.evaluate import evaluate
 from autockpt.training.forecasts.held_out import score_test_windows
 from autockpt.training.host.host_tuning import tune_host
 from autockpt.training.host.progress import Reporter
+from autockpt.training.loop.memory_retry import retried_on_out_of_memory
 from autockpt.training.loop.prefetch import Prefetch, epoch_batches
 from autockpt.training.loop.replanning import Replanner
 from autockpt.training.loop.step_memory import StepMemoryMeter
@@ -320,42 +322,39 @@ class Trainer:
     def forward_backward_with_retries(
         self, inputs: tuple[torch.Tensor, ...], target: torch.Tensor
     ) -> float:
-        """Forward and backward; on a CUDA out-of-memory, re-plan tighter and try again.
+        """Forward and backward; on a CUDA out-of-memory, re-plan tighter and try again (NOTE
+        [Recovering outside the except block]). The optimizer step runs once, after them."""
+        device = self.setup.device
+        return retried_on_out_of_memory(
+            lambda: self.forward_backward(inputs, target),
+            self._recover_from_out_of_memory,
+            retries=lambda: device.type == "cuda",
+            cuda_devices=forked_devices(device),
+        )
 
-        Only forward and backward are retried: they change nothing but the gradients, which
-        are dropped before the retry. The optimizer step runs once, after them.
-        """
-        while True:
-            try:
-                return self.forward_backward(inputs, target)
-            except torch.OutOfMemoryError:
-                if self.setup.device.type != "cuda":
-                    raise
-                if self.world.is_distributed:
-                    # The other ranks are waiting in DDP's all-reduce; a retry here would not
-                    # meet them, so the run stops and is resumed with a lower budget.
-                    raise DeviceError(
-                        f"CUDA ran out of memory on rank {self.world.rank} at step "
-                        f"{self.state.global_step + 1}; lower --vram-budget or --batch-size, then "
-                        f"continue the run with --resume {self.run.path}"
-                    ) from None
-                self.optimizer.zero_grad(set_to_none=True)
-                gc.collect()
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats(self.setup.device)
-                step = self.state.global_step + 1
-                if self.state.num_replans >= REPLANNING.max_rounds:
-                    raise DeviceError(
-                        f"CUDA ran out of memory at step {step} after {REPLANNING.max_rounds} re-plans; "
-                        f"lower --vram-budget or --batch-size, then continue the run with "
-                        f"--resume {self.run.path}"
-                    ) from None
-                # Out of memory says not by how much: the least a round lowers the budget.
-                self.plans.replan(
-                    REPLANNING.lowered(self.plans.planning_budget_bytes(self.state), over_bytes=0),
-                    self.state,
-                    reason=f"CUDA ran out of memory at step {step}",
-                )
+    def _recover_from_out_of_memory(self) -> None:
+        """Free what the failed step left and plan tighter; raise where no retry can help."""
+        step, fix = self.state.global_step + 1, "lower --vram-budget or --batch-size, then "
+        fix += f"continue the run with --resume {self.run.path}"
+        if self.world.is_distributed:  # the other ranks wait in DDP's all-reduce: no retry
+            raise DeviceError(
+                f"CUDA ran out of memory on rank {self.world.rank} at step {step}; {fix}"
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.setup.device)
+        if self.state.num_replans >= REPLANNING.max_rounds:
+            rounds = REPLANNING.max_rounds
+            raise DeviceError(
+                f"CUDA ran out of memory at step {step} after {rounds} re-plans; {fix}"
+            )
+        # Out of memory says not by how much: the least a round lowers the budget.
+        self.plans.replan(
+            REPLANNING.lowered(self.plans.planning_budget_bytes(self.state), over_bytes=0),
+            self.state,
+            reason=f"CUDA ran out of memory at step {step}",
+        )
 
     def forward_backward(self, inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> float:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.setup.loss_fn
