@@ -17,7 +17,9 @@ and the next one runs:
    measured): no checkpointing must run out of memory where autockpt's plan trains, and the
    CUDA context plus the allocator's reserved peak (what nvidia-smi shows) must stay under the
    card. On the CPU (``--cpu``) the budget is on tracked tensor bytes: the unplanned run must go
-   over it and the planned run must stay under it.
+   over it and the planned run must stay under it. Either way a planned run that re-planned
+   (a step over the budget, or an out-of-memory retry) fails the check: its plan
+   under-predicted a step, whatever the run ended with.
 4. Everything goes to ``--out``; ``summary.json`` and ``summary.md`` there, and the summary
    table is printed last.
 
@@ -138,13 +140,34 @@ def _environment(settings: Settings) -> dict[str, Any]:
                 if line.startswith("model name"):
                     name = line.split(":", 1)[1].strip()
                     break
+    on_card = cuda and settings.device == "cuda"
     return {
         "cuda": cuda,
         "device_name": name,
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "cuda_version": torch.version.cuda,
+        "cudnn_version": torch.backends.cudnn.version() if on_card else None,
+        "driver_version": _driver_version() if on_card else None,
+        "card_total_bytes": torch.cuda.get_device_properties(0).total_memory if on_card else None,
     }
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA driver's version, as ``nvidia-smi`` gives it; None where it cannot."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = done.stdout.split()
+    return lines[0] if done.returncode == 0 and lines else None
 
 
 if __name__ == "__main__":

@@ -293,7 +293,9 @@ class Check:
         card = self.card_bytes or 0
         visible = planned.get("visible_peak_bytes")
         trained = planned.get("exit_code") == 0 and planned_summary is not None
-        held = visible is not None and visible <= card
+        # A re-plan (after a step over the budget, or an out-of-memory retry) means a plan
+        # under-predicted its step: the check fails on it, whatever the run ended with.
+        held = visible is not None and visible <= card and _no_replans(planned_summary)
         detail = (
             f"batch {batch}: context {_gib(planned.get('context_bytes'))} + reserved peak "
             f"{_gib(planned.get('max_reserved_bytes'))} = {_gib(visible)} of {_gib(card)}"
@@ -347,7 +349,12 @@ class Check:
             status = "failed"
         else:
             peak = planned_summary.get("peak_bytes")
-            held = bool(planned_summary.get("within_budget")) and peak is not None and peak <= card
+            held = (
+                bool(planned_summary.get("within_budget"))
+                and peak is not None
+                and peak <= card
+                and _no_replans(planned_summary)
+            )
             status = "ok" if held else "failed"
             detail = (
                 f"batch {batch}: tracked peak {_mib(peak)} of {_mib(card)} "
@@ -389,6 +396,11 @@ class Check:
             unplanned["seconds"],
             unplanned["log"],
         )
+
+
+def _no_replans(summary: dict[str, Any] | None) -> bool:
+    """Whether a run's summary records no re-plan (none: not known, which fails too)."""
+    return summary is not None and summary.get("num_replans") == 0
 
 
 def _summary(run_dir: Path) -> dict[str, Any] | None:

@@ -1881,6 +1881,40 @@ MUTATIONS = (
         "",
         ("tests/training/test_step_memory.py",),
     ),
+    Mutation(
+        "check-step-counts-the-cache",
+        "the CUDA check step resets the peak with earlier work's cached blocks still reserved, "
+        "and counts them as the step's",
+        "autockpt/planner/verify.py",
+        "        torch.cuda.empty_cache()\n        torch.cuda.reset_peak_memory_stats(device)",
+        "        torch.cuda.reset_peak_memory_stats(device)",
+        ("tests/planner/test_verify.py",),
+    ),
+    Mutation(
+        "gpu-check-blind-to-replans",
+        "the GPU check passes a planned run that re-planned on the card (a plan that "
+        "under-predicted its step)",
+        "benchmarks/gpu_check_steps.py",
+        "        held = visible is not None and visible <= card and _no_replans(planned_summary)",
+        "        held = visible is not None and visible <= card",
+        ("tests/test_gpu_check.py::test_a_planned_run_that_re_planned_fails_the_check",),
+    ),
+    Mutation(
+        "auto-precision-takes-emulated-bf16",
+        "--precision auto picks bf16 on a card that only emulates it (slower than fp32)",
+        "autockpt/training/options/settings.py",
+        "torch.cuda.is_bf16_supported(including_emulation=False)",
+        "torch.cuda.is_bf16_supported()",
+        ("tests/training/test_cuda_settings.py",),
+    ),
+    Mutation(
+        "resume-on-fewer-gpus-raises",
+        "a run saved on more GPUs than the machine has sets every saved device's random state",
+        "autockpt/training/setup/runs.py",
+        'zip(range(torch.cuda.device_count()), state["cuda"], strict=False)',
+        'enumerate(state["cuda"])',
+        ("tests/training/test_cuda_settings.py",),
+    ),
 )
 
 

@@ -120,10 +120,11 @@ def verify_plan(
     """
     loss_fn = loss_fn or default_loss
     device = torch.device(plan.device)
-    saved_state = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+    # Kept on the host: a copy on the card would be a second set of parameters (and gradients)
+    # beside the step, counted as if the step held them.
+    saved_state = {k: _on_host(v) for k, v in model.state_dict(keep_vars=True).items()}
     saved_grads = {
-        name: None if p.grad is None else p.grad.detach().clone()
-        for name, p in model.named_parameters()
+        name: None if p.grad is None else _on_host(p.grad) for name, p in model.named_parameters()
     }
     rng_devices = forked_devices(device)
     try:
@@ -144,7 +145,13 @@ def verify_plan(
             for name, value in model.state_dict(keep_vars=True).items():
                 value.copy_(saved_state[name])
         for name, parameter in model.named_parameters():
-            parameter.grad = saved_grads[name]
+            saved = saved_grads[name]
+            parameter.grad = None if saved is None else saved.to(parameter.device)
+
+
+def _on_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` in host memory."""
+    return tensor.detach().to("cpu", copy=True)
 
 
 def _measure(
@@ -180,6 +187,9 @@ def _measure(
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        # Blocks cached by earlier work in the process are not the step's: released first, the
+        # reserved peak is what the step itself made the allocator hold.
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         step()
         torch.cuda.synchronize(device)

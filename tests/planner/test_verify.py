@@ -60,3 +60,36 @@ def test_the_check_step_runs_in_the_precision_the_plan_was_measured_in() -> None
     finally:
         handle.remove()
     assert seen[-1] == torch.bfloat16
+
+
+def test_the_cuda_check_step_counts_from_an_emptied_cache(monkeypatch) -> None:
+    # torch.cuda's counters are stand-ins here and the step runs on the CPU: what is checked
+    # is that the cache is emptied before the peak is reset, and the model put back. (Where
+    # the saved copy of the model lives, host or card, a CPU cannot tell apart.)
+    import torch
+
+    import autockpt
+    from autockpt.planner import verify
+    from tests.helpers import MLPStack
+
+    calls: list[str] = []
+    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, _n=name: calls.append(_n))
+    for name in ("max_memory_allocated", "max_memory_reserved"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a: 1000)
+    monkeypatch.setattr(verify, "forked_devices", lambda device: [])
+    torch.manual_seed(0)
+    model = MLPStack().train()
+    inputs = (torch.randn(32, 64),)
+    plan = autockpt.plan(model, inputs, 10**12)
+    plan = plan.model_copy(update={"device": "cuda"})
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for parameter in model.parameters():
+        parameter.grad = torch.full_like(parameter, 0.5)  # an accumulation under way
+    check = verify.verify_plan(model, plan, inputs)
+    assert calls.index("empty_cache") < calls.index("reset_peak_memory_stats")
+    assert check.measured_peak_bytes == 1000 + plan.breakdown.context_bytes
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, before[name])
+    for parameter in model.parameters():
+        assert parameter.grad is not None and bool((parameter.grad == 0.5).all())

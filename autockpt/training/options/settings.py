@@ -43,7 +43,10 @@ def resolve_precision(choice: str, device: torch.device) -> torch.dtype | None:
     if choice == "auto":
         if device.type != "cuda":
             return None
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        # Emulated bf16 (a card without bf16 kernels, which torch counts by default) runs
+        # slower than fp32: fp16 there.
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+        return torch.bfloat16 if native else torch.float16
     if choice == "fp16" and device.type != "cuda":
         raise DeviceError("--precision fp16 needs a CUDA GPU; use fp32 or bf16 on the CPU")
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[choice]

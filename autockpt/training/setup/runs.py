@@ -264,7 +264,10 @@ def restore_rng_state(state: Mapping[str, Any]) -> None:
     """Undo :func:`capture_rng_state`."""
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # Saved on more devices than this machine has (resumed on fewer GPUs): the devices it
+        # has take theirs; set_rng_state_all would index past the last one.
+        for device, saved in zip(range(torch.cuda.device_count()), state["cuda"], strict=False):
+            torch.cuda.set_rng_state(saved, device)
     numpy_state = state["numpy"]
     np.random.set_state(
         (
