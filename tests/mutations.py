@@ -1915,6 +1915,15 @@ MUTATIONS = (
         'enumerate(state["cuda"])',
         ("tests/training/test_cuda_settings.py",),
     ),
+    Mutation(
+        "autocast-cache-held-through-backward",
+        "a step run whole inside torch.autocast keeps every cast weight alive through backward "
+        "(NOTE [Autocast's weight cache])",
+        "autockpt/planner/training_step.py",
+        "    torch.clear_autocast_cache()\n    loss.backward()",
+        "    loss.backward()",
+        ("tests/planner/test_autocast_weights.py",),
+    ),
 )
 
 

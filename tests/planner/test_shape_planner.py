@@ -272,8 +272,10 @@ def test_a_batch_smaller_than_the_plans_micro_batches_runs_no_empty_piece(model)
         model, (ids,), budget, loss_fn=token_loss, example_targets=(ids,), allow_chunks=False,
         progress=False,
     )  # fmt: skip
-    assert plan.num_micro_batches >= 3, plan
-    for samples in (2, 1):  # the last batch of an epoch: fewer samples than pieces
+    # Two or more pieces (the timing decides how many; 2 to 4 were seen): every batch with
+    # fewer samples than pieces, as the last batch of an epoch can be.
+    assert plan.num_micro_batches >= 2, plan
+    for samples in range(plan.num_micro_batches - 1, 0, -1):
         short = _ids(samples, 256, seed=samples)
         peak, loss, gradients = measured_step(
             model, (short,), plan, loss_fn=token_loss, targets=(short,), loss_reduction="mean"

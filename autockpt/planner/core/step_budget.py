@@ -30,11 +30,29 @@ import torch
 from autockpt.errors import ConfigError
 from autockpt.planner.core.units import Budget, parse_budget
 
-#: What the CUDA context takes before any tensor (measured when a GPU is present).
+#: What the CUDA context takes before any tensor: a stand-in, never measured yet (NOTE [What
+#: the first card must measure]).
 DEFAULT_CUDA_CONTEXT_BYTES = 512 * 2**20
 #: What the caching allocator reserves beyond the tensors it holds (rounding, fragmentation),
-#: as a share of the tensor bytes.
+#: as a share of the tensor bytes: a stand-in too.
 CUDA_HEADROOM_FRACTION = 0.10
+
+# NOTE [What the first card must measure]
+# No code of this project has run on a GPU. The two constants above stand in for what only a
+# card can say, and every CUDA budget is shifted by them:
+# - the context and the libraries' workspaces: after a warm-up training step, the device's
+#   total less its free memory (``torch.cuda.mem_get_info``) less the allocator's reserved
+#   bytes. cuBLAS keeps a workspace per handle and stream (backward runs on another thread,
+#   so at least two), cuDNN its own; 512 MiB may be short on a recent card;
+# - the allocator's slack: the planned step's ``max_memory_reserved`` over its
+#   ``max_memory_allocated``. The one reading on record (an H200, before any code of this
+#   project, the TFT without checkpointing) was 27% over, not 10%;
+# - where the check step's saved copy of the model lives (host, not card: ``verify.py``) shows
+#   only there, in ``max_memory_allocated`` before and during the check.
+# ``benchmarks/gpu_check.py`` writes the card, driver, CUDA, cuDNN and torch versions to
+# ``environment.json``, and each planned run's context, reserved peak and re-plans to its
+# train rows; the first run on a card should replace the constants with measured values and
+# say in the plan which it used.
 
 
 def device_reserve(device: torch.device) -> tuple[int, float]:
