@@ -45,11 +45,21 @@ def test_a_planned_run_that_re_planned_fails_the_check(settings: Any, tmp_path: 
 def test_the_whole_check_runs_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "cpu-check"
     done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--cpu", "--out", str(out)],
+        # Each step up to 15 minutes: beside other tests (CI's slow stage) a step took over
+        # the default 4.
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "gpu_check.py"),
+            "--cpu",
+            "--out",
+            str(out),
+            "--timeout",
+            "900",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=3000,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     results = json.loads((out / "summary.json").read_text())["steps"]

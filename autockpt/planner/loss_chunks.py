@@ -137,11 +137,18 @@ def _chunked_plan(
         or request.use_gradient_checkpointing is not None  # a forced plan is what was asked
     ):
         return None
-    cut = _cut_step(model, example_inputs, request.tracing)
-    if cut is None:
+    try:
+        cut = _cut_step(model, example_inputs, request.tracing)
+        if cut is None:
+            return None
+        head, cut_model, traced = cut
+        features_shape = _features_shape(cut_model, example_inputs)
+    except Exception:  # noqa: BLE001 - the model's own, run without its head
+        # The forward reads its head's output itself (a loss computed from ``labels`` inside
+        # it, Hugging Face's way): cut before the head it does not run, and nothing of it can
+        # be chunked here (the Trainer callback splits such a loss, NOTE [The model's own loss
+        # in chunks]).
         return None
-    head, cut_model, traced = cut
-    features_shape = _features_shape(cut_model, example_inputs)
     module = model.get_submodule(head.path)
     assert isinstance(module, torch.nn.Linear)
     scores_bytes = (
@@ -163,6 +170,9 @@ def _chunked_plan(
         max(MIN_LOSS_CHUNKS, -(-scores_bytes // CHUNK_SCORES_BYTES)),
     )
     chunked = ChunkedLoss(request.loss_fn, num_chunks, positions, head.slot)
+    chain: TracedModel | ModuleChain = traced or find_module_chain(
+        cut_model, example_inputs, why=f"the model cut before its head {head.path}"
+    )
     result = plan_one_process(
         cut_model,
         example_inputs,
@@ -170,10 +180,10 @@ def _chunked_plan(
         dataclasses.replace(
             request,
             loss_fn=chunked,
-            tracing="fx" if isinstance(traced, TracedModel) else "forward-hooks",
+            tracing="fx" if isinstance(chain, TracedModel) else "forward-hooks",
         ),
         cpu_threads=cpu_threads,
-        traced=traced,
+        traced=chain,
     )
     held = result.breakdown
     room_bytes = budget.usable_bytes - held.parameters_bytes - held.optimizer_state_bytes
@@ -219,9 +229,9 @@ def _loss_chunks(head: OutputHead, num_chunks: int, positions: LossOverPositions
 
 def _cut_step(
     model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], tracing: Tracing
-) -> tuple[OutputHead, torch.nn.Module, TracedModel | ModuleChain] | None:
-    """The model's head, the model cut before it, and its chain (its traced graph or its
-    module-level segments); None where the model has no head to cut.
+) -> tuple[OutputHead, torch.nn.Module, TracedModel | None] | None:
+    """The model's head, the model cut before it, and its traced graph (``None`` for
+    module-level segments, found later); None where the model has no head to cut.
 
     As :func:`~autockpt.planner.trace.module_chain.trace_or_find_modules` chooses: torch.fx
     where it traces the model and keeps no large submodule whole (NOTE [Opaque submodules]),
@@ -248,9 +258,8 @@ def _cut_step(
     head = find_head_by_running(model, example_inputs)
     if isinstance(head, str):
         return None
-    cut_model = cut_before_head_module(model, head.path, head.leaf, returns_cut=True)
-    why = f"the model cut before its head {head.path}"
-    return head, cut_model, find_module_chain(cut_model, example_inputs, why=why)
+    # Its module chain is found once the loss is known to chunk: finding it runs the model.
+    return head, cut_before_head_module(model, head.path, head.leaf, returns_cut=True), None
 
 
 def _features_shape(

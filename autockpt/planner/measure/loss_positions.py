@@ -35,6 +35,8 @@ from autockpt.planner.runtime.chunked_loss import (
 #: the rest (one of the first two labelled, the rest all labelled).
 PROBE_POSITIONS = 6
 _WAYS: tuple[Reduction, ...] = ("mean over labelled", "mean", "sum")
+#: Samples whose windows the probe tries (each alone: one sample's scores at a time).
+PROBE_SAMPLES = 16
 #: How many positions on a loss may read its labels (NOTE [Losses that shift their labels]).
 _SHIFTS = (0, 1)
 
@@ -60,7 +62,10 @@ def loss_over_positions(
         )
     # Scores drawn in float64, not made by the head: the sums compare to float32's rounding
     # (a loss's own ``.float()``), whatever the head's precision (NOTE [Probing in float64]).
-    shape = (*features_shape[:dim], PROBE_POSITIONS, head.out_features)
+    # One sample at a time: planning holds the probe's real scores, their gradient and the
+    # loss's own copies, all a vocabulary wide (a loss that normalises each sample by its own
+    # count is not told apart from one over the batch; NOTE [Probing in float64]).
+    shape = (*([1] * dim), PROBE_POSITIONS, head.out_features)
     device = head.weight.device
     generator = torch.Generator(device=device).manual_seed(0)
     scores = torch.randn(shape, generator=generator, device=device, dtype=torch.float64)
@@ -69,7 +74,17 @@ def loss_over_positions(
     # out by a rule of its own (a padding label it masks) shows where the targets have one.
     last = positions - PROBE_POSITIONS
     windows = sorted({min(start, last) for start in (0, positions // 3, 2 * positions // 3, last)})
-    given = [probe.piece(targets, features_shape, start, PROBE_POSITIONS) for start in windows]
+    # Each sample's windows apart (at most ``PROBE_SAMPLES``), one sample's scores at a time.
+    window = (*features_shape[:dim], PROBE_POSITIONS, features_shape[-1])
+    samples = range(min(features_shape[0], PROBE_SAMPLES)) if dim else range(1)
+    given = [
+        [
+            _one_sample(t, dim, sample) if probe.carries_positions(t, window) else t
+            for t in probe.piece(targets, features_shape, start, PROBE_POSITIONS)
+        ]
+        for sample in samples
+        for start in windows
+    ]
     planted = [
         [_with_one_ignored(t, dim) if probe.carries_positions(t, shape) else t for t in trial]
         for trial in given
@@ -199,6 +214,14 @@ def _adds_up(
         torch.allclose(total, whole, rtol=rounding, atol=1e-9)
         and torch.allclose(got, want, rtol=rounding, atol=rounding * 0.1 * scale)
     )
+
+
+def _one_sample(target: torch.Tensor, dim: int, sample: int) -> torch.Tensor:
+    """``target`` cut to one ``sample`` of its first dimension and the first entry of the
+    others before ``dim``."""
+    for leading in range(dim):
+        target = target.narrow(leading, sample if leading == 0 else 0, 1)
+    return target
 
 
 def _with_one_ignored(target: torch.Tensor, dim: int) -> torch.Tensor:
