@@ -70,7 +70,7 @@ class OwnLoss:
         extra = {} if num_items is None else {"num_items_in_batch": num_items}
         module: Any = self.module  # a PreTrainedModel: its loss_function and config
         loss: torch.Tensor = module.loss_function(
-            output["logits"] if isinstance(output, Mapping) else output[0],
+            _logits(output),
             labels,
             vocab_size=module.config.vocab_size,
             **extra,
@@ -128,6 +128,11 @@ def own_loss_split(module: torch.nn.Module, batch: Mapping[str, Any]) -> OwnLoss
     return loss
 
 
+def _logits(output: Any) -> Any:
+    """A model output's logits: ``output["logits"]``, or the first of a tuple."""
+    return output["logits"] if isinstance(output, Mapping) else output[0]
+
+
 def _output_loss(output: Any) -> Any:
     return output.get("loss") if isinstance(output, Mapping) else output[0]
 
@@ -139,7 +144,7 @@ def _loss_and_gradient(output: Any, loss_of: Any) -> tuple[torch.Tensor, torch.T
     The gradients tell apart losses whose values agree by chance: at random weights the
     logits are near uniform, and a cross-entropy with label smoothing equals one without.
     """
-    logits = output["logits"] if isinstance(output, Mapping) else output[0]
+    logits = _logits(output)
     loss = loss_of(output)
     if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
         return None
