@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autockpt.planner.core.units import format_bytes
-from autockpt.planner.plan_types import Plan, read_plans_with
+from autockpt.planner.plan_types import PeakBreakdown, Plan, read_plans_with
 
 
 def _bar(fraction: float, width: int = 12) -> str:
@@ -96,6 +96,20 @@ def _segment_table(plan: Plan) -> Table:
     return table
 
 
+def _context_label(breakdown: PeakBreakdown) -> str:
+    """The context's name in the breakdown, with where its size came from (NOTE [What the
+    first card must measure])."""
+    return "CUDA context (" + ("measured" if breakdown.context_measured else "a stand-in") + ")"
+
+
+def _headroom_label(breakdown: PeakBreakdown) -> str:
+    """The allocator's share in the breakdown, with the slack the check step measured."""
+    slack = breakdown.measured_slack
+    return "allocator headroom" + (
+        "" if slack is None else f" (the check step's slack {slack:.0%})"
+    )
+
+
 def _print_summary(console: Console, plan: Plan, *, budget_given: bool) -> None:
     """The lines under the table: budget, ranks, peak, planning, breakdown, time, notes."""
     breakdown = plan.breakdown
@@ -107,8 +121,8 @@ def _print_summary(console: Console, plan: Plan, *, budget_given: bool) -> None:
         ("activations", breakdown.activations_bytes),
         ("transient", breakdown.transient_bytes),
         ("gathered by FSDP", breakdown.gathered_bytes),
-        ("CUDA context", breakdown.context_bytes),
-        ("allocator headroom", breakdown.headroom_bytes),
+        (_context_label(breakdown), breakdown.context_bytes),
+        (_headroom_label(breakdown), breakdown.headroom_bytes),
     ]
     per_rank = " per rank" if plan.world_size > 1 else ""
     console.print(

@@ -34,7 +34,8 @@ class Settings:
     days: int
     memory_time_steps: int
     train_steps: int
-    precision: str
+    precisions: tuple[str, ...]
+    """The planned run's precisions, one row each; the unplanned run takes the first."""
 
 
 GPU = Settings(
@@ -47,7 +48,7 @@ GPU = Settings(
     days=15,
     memory_time_steps=5,
     train_steps=3,
-    precision="fp32",
+    precisions=("fp32", "bf16"),
 )
 CPU = Settings(
     device="cpu",
@@ -59,7 +60,7 @@ CPU = Settings(
     days=3,
     memory_time_steps=2,
     train_steps=3,
-    precision="fp32",
+    precisions=("fp32", "bf16"),
 )
 
 
@@ -115,6 +116,7 @@ class Check:
             log.write_text("no test file uses the gpu marker\n")
             self.record("pytest -m gpu", "missing", "no test is marked gpu", 0.0, log)
             return
+        junit = self.out / "pytest_gpu.xml"
         command = [
             sys.executable,
             "-m",
@@ -124,10 +126,14 @@ class Check:
             "-rs",
             "-p",
             "no:cacheprovider",
+            f"--junitxml={junit}",
             *files,
         ]
         code, seconds = run_logged(command, log, self.timeout_s)
         summary = tail(log, 1).strip("= ")
+        tests = _test_outcomes(junit)
+        (self.out / "gpu_tests.json").write_text(json.dumps(tests, indent=2) + "\n")
+        summary += f"; {len(tests)} tests named in gpu_tests.json"
         if code is None:
             status = "failed"
             summary = f"timed out after {self.timeout_s:.0f} s"
@@ -241,6 +247,7 @@ class Check:
         return data if ok else None
 
     def train_pair(self, data: Path) -> None:
+        """The planned run in each precision, then the unplanned one in the first."""
         s = self.settings
         batch = 4 * s.batch_size
         if self.largest_batch is not None:
@@ -260,60 +267,77 @@ class Check:
             "1",
             "--max-steps-per-epoch",
             str(s.train_steps),
-            "--precision",
-            s.precision,
             "--quiet",
         ]
-        for folder in ("train_autockpt", "train_none"):
+        for precision in s.precisions:
+            folder = f"train_autockpt_{precision}"
             shutil.rmtree(self.out / folder, ignore_errors=True)  # from an earlier check
-        planned = self.cli(
-            [*common, "--out", str(self.out / "train_autockpt")],
-            "train_autockpt",
-            emulate=True,
-        )
+            planned = self.cli(
+                [*common, "--precision", precision, "--out", str(self.out / folder)],
+                folder,
+                emulate=True,
+            )
+            summary = _summary(self.out / folder)
+            judge = self._judge_planned_cuda if s.device == "cuda" else self._judge_planned_cpu
+            judge(batch, precision, planned, summary)
+        shutil.rmtree(self.out / "train_none", ignore_errors=True)
         unplanned = self.cli(
-            [*common, "--no-gradient-checkpointing", "--out", str(self.out / "train_none")],
+            [
+                *common,
+                "--precision",
+                s.precisions[0],
+                "--no-gradient-checkpointing",
+                "--out",
+                str(self.out / "train_none"),
+            ],
             "train_none",
             emulate=True,
         )
-        planned_summary = _summary(self.out / "train_autockpt")
-        unplanned_summary = _summary(self.out / "train_none")
         if s.device == "cuda":
-            self._judge_cuda(batch, planned, unplanned, planned_summary)
+            self._judge_unplanned_cuda(batch, unplanned)
         else:
-            self._judge_cpu(batch, planned, unplanned, planned_summary, unplanned_summary)
+            self._judge_unplanned_cpu(batch, unplanned, _summary(self.out / "train_none"))
 
-    def _judge_cuda(
+    def _judge_planned_cuda(
         self,
         batch: int,
+        precision: str,
         planned: dict[str, Any],
-        unplanned: dict[str, Any],
-        planned_summary: dict[str, Any] | None,
+        summary: dict[str, Any] | None,
     ) -> None:
         card = self.card_bytes or 0
+        context = planned.get("context_bytes")
         visible = planned.get("visible_peak_bytes")
-        trained = planned.get("exit_code") == 0 and planned_summary is not None
+        allocated = planned.get("max_allocated_bytes")
+        trained = planned.get("exit_code") == 0 and summary is not None
         # A re-plan (after a step over the budget, or an out-of-memory retry) means a plan
         # under-predicted its step: the check fails on it, whatever the run ended with.
-        held = visible is not None and visible <= card and _no_replans(planned_summary)
+        held = visible is not None and visible <= card and _no_replans(summary)
         detail = (
-            f"batch {batch}: context {_gib(planned.get('context_bytes'))} + reserved peak "
+            f"batch {batch}, {precision}: predicted {_gib(_get(summary, 'predicted_peak_bytes'))}"
+            f"; context {_gib(context)} + max allocated {_gib(allocated)}, + max reserved "
             f"{_gib(planned.get('max_reserved_bytes'))} = {_gib(visible)} of {_gib(card)}"
         )
-        if planned_summary is not None:
+        if summary is not None:
+            # NOTE [What the first card must measure]: what the plan took as stand-ins.
+            slack = summary.get("measured_allocator_slack")
             detail += (
-                f"; {planned_summary.get('global_step')} steps, "
-                f"{planned_summary.get('num_replans')} re-plans"
+                f"; the run measured context {_gib(summary.get('measured_context_bytes'))} "
+                f"(planned {_gib(summary.get('planned_context_bytes'))}), allocator slack "
+                + ("?" if slack is None else f"{slack:.0%}")
+                + f"; {summary.get('global_step')} steps, {summary.get('num_replans')} re-plans"
             )
         if not trained:
             detail = f"did not train ({planned.get('error') or tail(planned['log'])}); " + detail
         self.record(
-            "train autockpt on the emulated card",
+            f"train autockpt on the emulated card, {precision}",
             "ok" if trained and held else "failed",
             _with_entry(detail, planned),
             planned["seconds"],
             planned["log"],
         )
+
+    def _judge_unplanned_cuda(self, batch: int, unplanned: dict[str, Any]) -> None:
         out_of_memory = bool(unplanned.get("out_of_memory")) or (
             unplanned.get("exit_code") not in (0, None)
             and "out of memory" in Path(unplanned["log"]).read_text(errors="replace").lower()
@@ -333,51 +357,55 @@ class Check:
             unplanned["log"],
         )
 
-    def _judge_cpu(
+    def _judge_planned_cpu(
         self,
         batch: int,
+        precision: str,
         planned: dict[str, Any],
-        unplanned: dict[str, Any],
-        planned_summary: dict[str, Any] | None,
-        unplanned_summary: dict[str, Any] | None,
+        summary: dict[str, Any] | None,
     ) -> None:
         card = self.card_bytes or 0
-        if planned_summary is None:
+        if summary is None:
             detail = (
-                f"batch {batch}: did not finish ({planned.get('error') or tail(planned['log'])})"
+                f"batch {batch}, {precision}: did not finish "
+                f"({planned.get('error') or tail(planned['log'])})"
             )
             status = "failed"
         else:
-            peak = planned_summary.get("peak_bytes")
+            peak = summary.get("peak_bytes")
             held = (
-                bool(planned_summary.get("within_budget"))
+                bool(summary.get("within_budget"))
                 and peak is not None
                 and peak <= card
-                and _no_replans(planned_summary)
+                and _no_replans(summary)
             )
             status = "ok" if held else "failed"
             detail = (
-                f"batch {batch}: tracked peak {_mib(peak)} of {_mib(card)} "
-                f"({'held' if held else 'NOT held'}), predicted "
-                f"{_mib(planned_summary.get('predicted_peak_bytes'))}, "
-                f"{planned_summary.get('global_step')} steps, "
-                f"{planned_summary.get('num_replans')} re-plans"
+                f"batch {batch}, {precision}: predicted "
+                f"{_mib(summary.get('predicted_peak_bytes'))}, tracked peak {_mib(peak)} of "
+                f"{_mib(card)} ({'held' if held else 'NOT held'}), "
+                f"{summary.get('global_step')} steps, {summary.get('num_replans')} re-plans"
             )
         self.record(
-            "train autockpt under the CPU budget",
+            f"train autockpt under the CPU budget, {precision}",
             status,
             _with_entry(detail, planned),
             planned["seconds"],
             planned["log"],
         )
-        if unplanned_summary is None:
+
+    def _judge_unplanned_cpu(
+        self, batch: int, unplanned: dict[str, Any], summary: dict[str, Any] | None
+    ) -> None:
+        card = self.card_bytes or 0
+        if summary is None:
             detail = (
                 f"batch {batch}: did not finish "
                 f"({unplanned.get('error') or tail(unplanned['log'])})"
             )
             status = "failed"
         else:
-            peak = unplanned_summary.get("peak_bytes")
+            peak = summary.get("peak_bytes")
             over = peak is not None and peak > card
             status = "ok" if over else "failed"
             detail = (
@@ -396,6 +424,27 @@ class Check:
             unplanned["seconds"],
             unplanned["log"],
         )
+
+
+def _get(summary: dict[str, Any] | None, key: str) -> Any:
+    return None if summary is None else summary.get(key)
+
+
+def _test_outcomes(junit: Path) -> list[dict[str, str]]:
+    """Each test pytest ran (its id and outcome), read from its JUnit XML; none where pytest
+    wrote none."""
+    import xml.etree.ElementTree as ElementTree
+
+    if not junit.exists():
+        return []
+    tests = []
+    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
+        tests.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome})
+    return tests
 
 
 def _no_replans(summary: dict[str, Any] | None) -> bool:

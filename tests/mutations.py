@@ -1841,9 +1841,61 @@ MUTATIONS = (
         "the trainer re-plans inside the except block, with the failed step's tensors held by "
         "the traceback (NOTE [Recovering outside the except block])",
         "autockpt/training/loop/memory_retry.py",
-        "            if not retries():\n                raise\n",
-        "            if not retries():\n                raise\n            recover()\n",
+        "                raise\n        # Out of the except block",
+        "                raise\n            recover()\n        # Out of the except block",
         ("tests/training/test_memory_retry.py",),
+    ),
+    Mutation(
+        "optimizer-step-retried-after-writing",
+        "an optimizer step that ran out of memory after updating its parameters is run again: "
+        "they are updated twice (NOTE [Retrying an optimizer step])",
+        "autockpt/training/loop/memory_retry.py",
+        "            if written:\n",
+        "            if False:\n",
+        ("tests/training/test_memory_retry.py",),
+    ),
+    Mutation(
+        "optimizer-retry-keeps-half-made-state",
+        "an optimizer step retried after running out while making its state keeps the state "
+        "half made, and the retry fails or skips it (NOTE [Retrying an optimizer step])",
+        "autockpt/training/loop/memory_retry.py",
+        "        _drop_state_made_since(optimizer, versions)\n        recover()\n",
+        "        recover()\n",
+        ("tests/training/test_memory_retry.py",),
+    ),
+    Mutation(
+        "optimizer-retry-without-gradients",
+        "the trainer's recovery from an optimizer step that ran out of memory drops the "
+        "gradients: the retried step skips every parameter, silently",
+        "autockpt/training/loop/train.py",
+        "        if not keep_gradients:\n",
+        "        if True:\n",
+        ("tests/training/test_memory_retry.py",),
+    ),
+    Mutation(
+        "context-stand-in-on-a-card",
+        "a CUDA budget takes the 512 MiB stand-in for the context though the card could be "
+        "measured (NOTE [What the first card must measure])",
+        "autockpt/planner/core/step_budget.py",
+        "    return DeviceReserve(context_bytes, CUDA_HEADROOM_FRACTION, True)\n",
+        "    return stand_in\n",
+        ("tests/planner/core/test_step_budget.py",),
+    ),
+    Mutation(
+        "plan-hides-where-its-context-came-from",
+        "the plan's breakdown says the CUDA context was a stand-in where it was measured",
+        "autockpt/planner/pipeline.py",
+        "            context_measured=budget.context_measured,\n",
+        "            context_measured=False,\n",
+        ("tests/cli/test_report.py",),
+    ),
+    Mutation(
+        "meter-keeps-the-last-steps-slack",
+        "the trainer reports the allocator's slack of its last step, not the largest",
+        "autockpt/training/loop/step_memory.py",
+        "        self.slack = slack if self.slack is None else max(self.slack, slack)\n",
+        "        self.slack = slack\n",
+        ("tests/training/test_step_memory.py",),
     ),
     Mutation(
         "retried-step-draws-other-masks",
@@ -1895,7 +1947,7 @@ MUTATIONS = (
         "the GPU check passes a planned run that re-planned on the card (a plan that "
         "under-predicted its step)",
         "benchmarks/gpu_check_steps.py",
-        "        held = visible is not None and visible <= card and _no_replans(planned_summary)",
+        "        held = visible is not None and visible <= card and _no_replans(summary)",
         "        held = visible is not None and visible <= card",
         ("tests/test_gpu_check.py::test_a_planned_run_that_re_planned_fails_the_check",),
     ),

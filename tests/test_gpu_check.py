@@ -29,9 +29,11 @@ def _judged(settings: Any, tmp_path: Path, replans: int) -> list[str]:
     unplanned = {"exit_code": 1, "out_of_memory": True, "seconds": 1.0, "log": log}
     summary = {"num_replans": replans, "within_budget": True, "peak_bytes": 900, "global_step": 3}
     if settings.device == "cuda":
-        check._judge_cuda(8, planned, unplanned, summary)
+        check._judge_planned_cuda(8, "fp32", planned, summary)
+        check._judge_unplanned_cuda(8, unplanned)
     else:
-        check._judge_cpu(8, planned, unplanned, summary, {**summary, "peak_bytes": 2000})
+        check._judge_planned_cpu(8, "fp32", planned, summary)
+        check._judge_unplanned_cpu(8, unplanned, {**summary, "peak_bytes": 2000})
     return [result.status for result in check.results]
 
 
@@ -64,6 +66,13 @@ def test_the_whole_check_runs_on_the_cpu(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     results = json.loads((out / "summary.json").read_text())["steps"]
     statuses = {result["name"]: result["status"] for result in results}
-    assert statuses["train autockpt under the CPU budget"] == "ok", statuses
+    for precision in ("fp32", "bf16"):  # one row each, predicted beside the measured peak
+        name = f"train autockpt under the CPU budget, {precision}"
+        assert statuses[name] == "ok", statuses
+        detail = next(r["detail"] for r in results if r["name"] == name)
+        assert "predicted" in detail and "tracked peak" in detail, detail
+    # Every test the gpu step ran is named (on the CPU they skip, but they are listed).
+    tests = json.loads((out / "gpu_tests.json").read_text())
+    assert tests and all(t["outcome"] == "skipped" for t in tests), tests
     environment = json.loads((out / "environment.json").read_text())
     assert {"torch", "cuda_version", "cudnn_version", "driver_version"} <= environment.keys()

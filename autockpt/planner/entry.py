@@ -234,7 +234,7 @@ def plan(
                 step_budget = step_budget.decided(read)
                 request = dataclasses.replace(request, budget_of_plain=None)
             if not verify or use_gradient_checkpointing is not None:
-                return _made_for(result, shapes, notes)
+                return _made_for(result, shapes, notes, None)
             report_progress("planning: checking the plan with one real step")
             check = verify_plan(
                 model,
@@ -245,12 +245,9 @@ def plan(
                 optimizer=optimizer,
                 autocast_dtype=autocast_dtype,
             )
-            notes.append(
-                f"verified: a real step peaked at {format_bytes(check.reserved_peak_bytes)}, "
-                f"{format_bytes(check.predicted_peak_bytes)} predicted"
-            )
+            notes.append(check.note)
             if check.within_budget:
-                return _made_for(result, shapes, notes)
+                return _made_for(result, shapes, notes, check.slack)
             overshoot = check.reserved_peak_bytes - read.bytes
             lowered = REPLANNING.lowered(step_budget.target_bytes, over_bytes=overshoot)
             notes.append(f"re-planned: the real step was {format_bytes(overshoot)} over the budget")
@@ -265,9 +262,11 @@ def plan(
         )
 
 
-def _made_for(result: Plan, shapes: BatchShapes, notes: list[str]) -> Plan:
-    """The plan with the shapes it holds for and the notes of its verification rounds."""
-    return result.model_copy(update={"notes": [*notes, *result.notes], "batch_shapes": shapes})
+def _made_for(result: Plan, shapes: BatchShapes, notes: list[str], slack: float | None) -> Plan:
+    """The plan with its shapes, its checks' notes and the slack its check measured on CUDA."""
+    breakdown = result.breakdown.model_copy(update={"measured_slack": slack})
+    update = {"notes": [*notes, *result.notes], "batch_shapes": shapes, "breakdown": breakdown}
+    return result.model_copy(update=update)
 
 
 def _rank_share(model: torch.nn.Module, request: PlanRequest) -> RankShare:

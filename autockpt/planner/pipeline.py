@@ -416,7 +416,10 @@ def plan_report(
         segments=segment_plans,
         predicted_peak_bytes=predicted,
         breakdown=peak_breakdown(
-            final, budget.context_bytes, predicted - final.peak_bytes - budget.context_bytes
+            final,
+            budget.context_bytes,
+            predicted - final.peak_bytes - budget.context_bytes,
+            context_measured=budget.context_measured,
         ),
         unplanned_peak_bytes=budget.shown_bytes(kept.peak_bytes),
         minimum_feasible_bytes=whole_kib(budget.shown_bytes(chosen.minimum_peak_bytes)),

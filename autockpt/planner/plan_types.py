@@ -158,6 +158,12 @@ class PeakBreakdown(BaseModel):
     gathered_bytes: int = 0
     """FSDP: parameters (and gradients) gathered whole while their unit runs; see
     NOTE [Per-rank accounting]. The other parts are one rank's (its shards under FSDP)."""
+    context_measured: bool = False
+    """Whether ``context_bytes`` was measured on the card (NOTE [What the first card must
+    measure]); False: the stand-in, or the CPU's nothing."""
+    measured_slack: float | None = None
+    """The allocator's reserved over allocated bytes, less one, in the plan's check step on
+    the card; None where no check step ran on CUDA."""
 
 
 class BatchLeaves(BaseModel):

@@ -43,7 +43,9 @@ def segment_rows(builder: ChainBuilder, whole: Profiles, decision: Decision) -> 
     return plans
 
 
-def peak_breakdown(profile: StepProfile, context_bytes: int, headroom_bytes: int) -> PeakBreakdown:
+def peak_breakdown(
+    profile: StepProfile, context_bytes: int, headroom_bytes: int, *, context_measured: bool
+) -> PeakBreakdown:
     end_of_forward = max((s.end_bytes for s in profile.segments), default=profile.start_bytes)
     activations = max(end_of_forward - profile.start_bytes, 0)
     known = (
@@ -62,6 +64,7 @@ def peak_breakdown(profile: StepProfile, context_bytes: int, headroom_bytes: int
         transient_bytes=max(profile.peak_bytes - known, 0),
         context_bytes=context_bytes,
         headroom_bytes=headroom_bytes,
+        context_measured=context_measured,
     )
 
 

@@ -32,6 +32,7 @@ from autockpt.planner.apply import apply
 from autockpt.planner.core.host_settings import forked_devices
 from autockpt.planner.core.memory_tracker import MemoryTracker, tensors_of
 from autockpt.planner.core.train_eval import training_mode
+from autockpt.planner.core.units import format_bytes
 from autockpt.planner.measure.fake_step import default_loss
 from autockpt.planner.measure.optimizers import give_state, make_optimizer
 from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
@@ -72,17 +73,29 @@ class Verification:
             ``measured_peak_bytes``.
         predicted_peak_bytes: the plan's prediction.
         budget_bytes: the plan's budget.
+        slack: on CUDA, the allocator's reserved peak over its allocated peak, less one (NOTE
+            [What the first card must measure]); None on the CPU.
     """
 
     measured_peak_bytes: int
     reserved_peak_bytes: int
     predicted_peak_bytes: int
     budget_bytes: int
+    slack: float | None = None
 
     @property
     def within_budget(self) -> bool:
         """Whether what a user would see stayed under the budget."""
         return self.reserved_peak_bytes <= self.budget_bytes
+
+    @property
+    def note(self) -> str:
+        """The plan's note on this check."""
+        slack = "" if self.slack is None else f"; the allocator's slack {self.slack:.0%}"
+        return (
+            f"verified: a real step peaked at {format_bytes(self.reserved_peak_bytes)}, "
+            f"{format_bytes(self.predicted_peak_bytes)} predicted{slack}"
+        )
 
     @property
     def relative_error(self) -> float:
@@ -194,9 +207,15 @@ def _measure(
         step()
         torch.cuda.synchronize(device)
         context = plan.breakdown.context_bytes
-        allocated = int(torch.cuda.max_memory_allocated(device)) + context
-        reserved = int(torch.cuda.max_memory_reserved(device)) + context
-        return Verification(allocated, reserved, plan.predicted_peak_bytes, plan.budget_bytes)
+        allocated = int(torch.cuda.max_memory_allocated(device))
+        reserved = int(torch.cuda.max_memory_reserved(device))
+        return Verification(
+            allocated + context,
+            reserved + context,
+            plan.predicted_peak_bytes,
+            plan.budget_bytes,
+            slack=reserved / max(allocated, 1) - 1.0,
+        )
     with MemoryTracker(
         initial=[*tensors_of(model, optimizer), *example_inputs, *example_targets]
     ) as tracker:

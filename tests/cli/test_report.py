@@ -22,9 +22,9 @@ def plan() -> autockpt.Plan:
     return autockpt.plan(model, inputs, 10**12, use_gradient_checkpointing=True)
 
 
-def _line(plan: autockpt.Plan, start: str) -> str:
+def _line(plan: autockpt.Plan, start: str, *, width: int = 200) -> str:
     out = io.StringIO()
-    print_plan(Console(file=out, width=200, highlight=False), plan, budget_given=True)
+    print_plan(Console(file=out, width=width, highlight=False), plan, budget_given=True)
     return next(line for line in out.getvalue().splitlines() if line.startswith(start))
 
 
@@ -106,3 +106,28 @@ def test_the_plan_line_and_a_refusal_name_one_minimum(
     err = capsys.readouterr().err
     assert f"is below the minimum {autockpt.format_bytes(minimum)} " in err, err
     assert f"raise the budget to at least {autockpt.format_bytes(minimum)}" in err, err
+
+
+def test_the_breakdown_says_whether_the_context_was_measured_and_the_slack_checked(monkeypatch):
+    # NOTE [What the first card must measure]: a context measured on the card (a stand-in
+    # for one here, planning on the CPU) is carried to the plan and said in its breakdown,
+    # and so is the slack the check step measured.
+    from autockpt.planner.core import step_budget
+
+    model, inputs = MLPStack(32, 3, 0.0), (torch.randn(16, 32),)
+    context = 300 * 2**20
+    for measured in (True, False):
+        monkeypatch.setattr(
+            step_budget,
+            "device_reserve",
+            lambda device, m=measured: step_budget.DeviceReserve(context, 0.1, m),
+        )
+        planned = autockpt.plan(model, inputs, 10**12, use_gradient_checkpointing=True)
+        assert planned.breakdown.context_measured is measured
+        line = _line(planned, "breakdown:", width=1000)
+        named = "measured" if measured else "a stand-in"
+        assert f"CUDA context ({named}) 300.00 MiB" in line, line
+        assert "slack" not in line, line
+    checked = planned.breakdown.model_copy(update={"measured_slack": 0.27})
+    line = _line(planned.model_copy(update={"breakdown": checked}), "breakdown:", width=1000)
+    assert "allocator headroom (the check step's slack 27%)" in line, line

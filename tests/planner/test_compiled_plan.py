@@ -140,7 +140,9 @@ def test_the_device_context_counts_in_every_compiled_step(workload, monkeypatch)
     model, x, y = workload
     plain = _plan(model, x, y, 10**12)
     context = 64 * 2**20
-    monkeypatch.setattr(step_budget, "device_reserve", lambda device: (context, 0.0))
+    monkeypatch.setattr(
+        step_budget, "device_reserve", lambda device: step_budget.DeviceReserve(context, 0.0, True)
+    )
     counted = _plan(model, x, y, 10**12)
     assert counted.breakdown.context_bytes == context
     assert counted.predicted_peak_bytes - context == pytest.approx(

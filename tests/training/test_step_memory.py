@@ -223,3 +223,48 @@ def test_a_budget_smaller_than_the_card_caps_the_allocator(
         assert meter.cap_fraction == caps[0][0]
     else:
         assert caps == [] and meter.cap_fraction is None
+
+
+def test_on_a_card_the_meter_reads_the_context_after_its_first_step_and_the_largest_slack(
+    monkeypatch: pytest.MonkeyPatch, mlp_and_plan: Any
+) -> None:
+    # NOTE [What the first card must measure]: stand-ins for torch.cuda's answers on an 80 GiB
+    # card; two steps reserve 100 and 120 MiB over 80 and 100 MiB allocated, and the card
+    # shows 700 MiB beyond the allocator's blocks after the first.
+    gib, mib = 2**30, 2**20
+
+    class Card:
+        total_memory = 80 * gib
+
+    peaks = iter([(100 * mib, 80 * mib), (120 * mib, 100 * mib)])
+    current: list[tuple[int, int]] = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Card())
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: None)
+    monkeypatch.setattr(
+        torch.cuda, "reset_peak_memory_stats", lambda device=None: current.append(next(peaks))
+    )
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: current[-1][0])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: current[-1][1])
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 60 * mib)
+    monkeypatch.setattr(
+        torch.cuda,
+        "mem_get_info",
+        lambda device=None: (Card.total_memory - 760 * mib, Card.total_memory),
+    )
+    model, plan = mlp_and_plan
+    meter = StepMemoryMeter(
+        torch.device("cuda", 0),
+        model,
+        torch.optim.AdamW(model.parameters()),
+        plan,
+        parallelism="single",
+        budget_bytes=4 * gib,
+        check_every=5,
+    )
+    x = torch.randn(4, 16)
+    for step in (1, 2):
+        with meter.measure((x,), x, step=step) as reading:
+            pass
+        assert reading.peak_bytes == current[-1][0] + plan.breakdown.context_bytes
+    assert meter.context_bytes == 700 * mib
+    assert meter.slack == pytest.approx(0.25)  # the first step's 100 over 80, not 120 over 100

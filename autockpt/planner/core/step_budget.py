@@ -30,36 +30,83 @@ import torch
 from autockpt.errors import ConfigError
 from autockpt.planner.core.units import Budget, parse_budget
 
-#: What the CUDA context takes before any tensor: a stand-in, never measured yet (NOTE [What
-#: the first card must measure]).
+#: What the CUDA context takes before any tensor: the stand-in where it cannot be measured
+#: (NOTE [What the first card must measure]).
 DEFAULT_CUDA_CONTEXT_BYTES = 512 * 2**20
 #: What the caching allocator reserves beyond the tensors it holds (rounding, fragmentation),
-#: as a share of the tensor bytes: a stand-in too.
+#: as a share of the tensor bytes: a stand-in, which the plan's check step measures.
 CUDA_HEADROOM_FRACTION = 0.10
 
 # NOTE [What the first card must measure]
-# No code of this project has run on a GPU. The two constants above stand in for what only a
-# card can say, and every CUDA budget is shifted by them:
-# - the context and the libraries' workspaces: after a warm-up training step, the device's
-#   total less its free memory (``torch.cuda.mem_get_info``) less the allocator's reserved
-#   bytes. cuBLAS keeps a workspace per handle and stream (backward runs on another thread,
-#   so at least two), cuDNN its own; 512 MiB may be short on a recent card;
-# - the allocator's slack: the planned step's ``max_memory_reserved`` over its
-#   ``max_memory_allocated``. The one reading on record (an H200, before any code of this
-#   project, the TFT without checkpointing) was 27% over, not 10%;
+# No code of this project has run on a GPU yet. What only a card can say:
+# - the context and the libraries' workspaces: measured when a CUDA budget is read
+#   (:func:`measured_context_bytes`): after a warm-up that makes cuBLAS's handles on this
+#   thread and on autograd's (a small matmul, forward and backward), the device's total less
+#   its free memory (``torch.cuda.mem_get_info``) less what the allocator reserved. Another
+#   process's memory on the same card counts as context too (free memory is the device's):
+#   safe, never low. cuDNN's workspaces come only with the model's first convolution or RNN
+#   and are not in it; the trainer measures the context again after its first step and writes
+#   it in the run's summary (``measured_context_bytes``). The plan says which it used
+#   (``PeakBreakdown.context_measured``); 512 MiB stays only where measuring failed;
+# - the allocator's slack: planned at 10%; the plan's check step on the card measures its
+#   ``max_memory_reserved`` over its ``max_memory_allocated`` (``PeakBreakdown.measured_slack``,
+#   and the verified note), and a check that comes out over the budget plans again lower; the
+#   trainer writes the slack of its steps in the summary. The one reading on record (an H200,
+#   before any code of this project, the TFT without checkpointing) was 27% over, not 10%;
 # - where the check step's saved copy of the model lives (host, not card: ``verify.py``) shows
 #   only there, in ``max_memory_allocated`` before and during the check.
 # ``benchmarks/gpu_check.py`` writes the card, driver, CUDA, cuDNN and torch versions to
-# ``environment.json``, and each planned run's context, reserved peak and re-plans to its
-# train rows; the first run on a card should replace the constants with measured values and
-# say in the plan which it used.
+# ``environment.json``, and each planned run's predicted peak, allocated and reserved peaks,
+# measured context and slack to its rows.
 
 
-def device_reserve(device: torch.device) -> tuple[int, float]:
-    """Context bytes and the allocator's slack (a share of tensor bytes) on ``device``."""
+@dataclass(frozen=True)
+class DeviceReserve:
+    """What a device holds besides one step's tensors (NOTE [What the first card must
+    measure]): the context, the allocator's slack as a share of tensor bytes, and whether the
+    context was measured on this device (False: the stand-in, or none on the CPU)."""
+
+    context_bytes: int
+    headroom_fraction: float
+    context_measured: bool
+
+
+_MEASURED_CONTEXT: dict[int, int] = {}
+
+
+def device_reserve(device: torch.device) -> DeviceReserve:
+    """The context and the allocator's slack on ``device``: the context measured once per
+    CUDA device and process, the stand-in where there is no card to measure (planning for
+    one from a machine without it) or measuring fails."""
     if device.type != "cuda":
-        return 0, 0.0
-    return DEFAULT_CUDA_CONTEXT_BYTES, CUDA_HEADROOM_FRACTION
+        return DeviceReserve(0, 0.0, False)
+    stand_in = DeviceReserve(DEFAULT_CUDA_CONTEXT_BYTES, CUDA_HEADROOM_FRACTION, False)
+    if not torch.cuda.is_available():
+        return stand_in
+    try:
+        context_bytes = measured_context_bytes(device)
+    except RuntimeError:  # the card would not run the warm-up: the plan says so
+        return stand_in
+    return DeviceReserve(context_bytes, CUDA_HEADROOM_FRACTION, True)
+
+
+def measured_context_bytes(device: torch.device) -> int:
+    """The CUDA context and cuBLAS's workspaces on ``device``, measured once per process
+    (NOTE [What the first card must measure])."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _MEASURED_CONTEXT:
+        _warm_up_libraries(torch.device("cuda", index))
+        torch.cuda.synchronize(index)
+        free, total = torch.cuda.mem_get_info(index)
+        _MEASURED_CONTEXT[index] = max(total - free - torch.cuda.memory_reserved(index), 0)
+    return _MEASURED_CONTEXT[index]
+
+
+def _warm_up_libraries(device: torch.device) -> None:
+    """A small matmul forward and backward: cuBLAS makes its handles and workspaces on this
+    thread and on autograd's backward thread."""
+    weight = torch.randn(64, 64, device=device, requires_grad=True)
+    (torch.randn(64, 64, device=device) @ weight).sum().backward()
 
 
 @dataclass(frozen=True)
@@ -73,6 +120,8 @@ class StepBudget:
         context_bytes: what the device shows before any tensor (the CUDA context).
         headroom_fraction: the allocator's slack, a share of the tensor bytes.
         rank_offset_bytes: one rank's tensors beyond one process's (0 for one process).
+        context_measured: whether ``context_bytes`` was measured on the device (NOTE [What
+            the first card must measure]).
     """
 
     read: Budget
@@ -80,13 +129,21 @@ class StepBudget:
     context_bytes: int = 0
     headroom_fraction: float = 0.0
     rank_offset_bytes: int = 0
+    context_measured: bool = False
 
     @classmethod
     def on(cls, read: Budget, device: torch.device, *, rank_offset_bytes: int = 0) -> StepBudget:
         """``read`` spent on ``device`` by one rank whose states exceed one process's by
         ``rank_offset_bytes``."""
-        context_bytes, headroom_fraction = device_reserve(device)
-        return cls(read, read.bytes, context_bytes, headroom_fraction, rank_offset_bytes)
+        reserve = device_reserve(device)
+        return cls(
+            read,
+            read.bytes,
+            reserve.context_bytes,
+            reserve.headroom_fraction,
+            rank_offset_bytes,
+            reserve.context_measured,
+        )
 
     def decided(self, read: Budget) -> StepBudget:
         """This budget on the same device and rank, read as ``read`` (a budget decided once the

@@ -104,6 +104,12 @@ class StepMemoryMeter:
             else None
         )
         """The share of the card the allocator may hold (NOTE [Enforcing the budget])."""
+        self.context_bytes: int | None = None
+        """CUDA: the context and the libraries' workspaces, measured after the first measured
+        step (NOTE [What the first card must measure]); None until then and on the CPU."""
+        self.slack: float | None = None
+        """CUDA: the largest share the allocator reserved beyond what it allocated, over the
+        steps measured."""
 
     def use_plan(self, plan: Plan) -> None:
         """The steps from now on run ``plan``; the next ones are measured."""
@@ -158,9 +164,9 @@ class StepMemoryMeter:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             yield reading
-            reading.peak_bytes = (
-                torch.cuda.max_memory_reserved(self.device) + self.plan.breakdown.context_bytes
-            )
+            reserved = torch.cuda.max_memory_reserved(self.device)
+            reading.peak_bytes = reserved + self.plan.breakdown.context_bytes
+            self._read_card(reserved)
             return
         if self.plan.compile_fraction is not None:
             # A compiled plan: inductor's buffers are invisible to a dispatch mode (under
@@ -179,6 +185,16 @@ class StepMemoryMeter:
                 tracker.add_bytes(self.plan.breakdown.gathered_bytes)
             yield reading
         reading.peak_bytes = tracker.peak_bytes
+
+    def _read_card(self, reserved_peak_bytes: int) -> None:
+        """Keep the step's slack and, after the first step (the libraries' workspaces made),
+        the context the card shows beyond the allocator's blocks."""
+        allocated = torch.cuda.max_memory_allocated(self.device)
+        slack = reserved_peak_bytes / max(allocated, 1) - 1.0
+        self.slack = slack if self.slack is None else max(self.slack, slack)
+        if self.context_bytes is None:
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.context_bytes = max(total - free - torch.cuda.memory_reserved(self.device), 0)
 
 
 def cap_process_memory(device: torch.device, allocator_bytes: int) -> float | None:

@@ -31,14 +31,17 @@ from autockpt.training.forecasts.evaluate import evaluate
 from autockpt.training.forecasts.held_out import score_test_windows
 from autockpt.training.host.host_tuning import tune_host
 from autockpt.training.host.progress import Reporter
-from autockpt.training.loop.memory_retry import retried_on_out_of_memory
+from autockpt.training.loop.memory_retry import (
+    optimizer_step_retried_on_out_of_memory,
+    retried_on_out_of_memory,
+)
 from autockpt.training.loop.prefetch import Prefetch, epoch_batches
 from autockpt.training.loop.replanning import Replanner
+from autockpt.training.loop.run_summary import run_summary
 from autockpt.training.loop.step_memory import StepMemoryMeter
 from autockpt.training.loop.step_model import compiled_step
 from autockpt.training.options.schedule import learning_rate_factor
 from autockpt.training.options.settings import run_optimizer, seed_everything
-from autockpt.training.setup.baselines import skill
 from autockpt.training.setup.checkpoint import (
     RunState,
     gather_random_states,
@@ -324,23 +327,23 @@ class Trainer:
     ) -> float:
         """Forward and backward; on a CUDA out-of-memory, re-plan tighter and try again (NOTE
         [Recovering outside the except block]). The optimizer step runs once, after them."""
-        device = self.setup.device
         return retried_on_out_of_memory(
             lambda: self.forward_backward(inputs, target),
             self._recover_from_out_of_memory,
-            retries=lambda: device.type == "cuda",
-            cuda_devices=forked_devices(device),
+            retries=self._retries_out_of_memory,
+            cuda_devices=forked_devices(self.setup.device),
         )
 
-    def _recover_from_out_of_memory(self) -> None:
-        """Free what the failed step left and plan tighter; raise where no retry can help."""
-        step, fix = self.state.global_step + 1, "lower --vram-budget or --batch-size, then "
-        fix += f"continue the run with --resume {self.run.path}"
+    def _recover_from_out_of_memory(self, *, keep_gradients: bool = False) -> None:
+        """Free what the failed step left and plan tighter; raise where no retry can help. A
+        failed optimizer step keeps the gradients it is retried with."""
+        step, fix = self.state.global_step + 1, self._out_of_memory_fix
         if self.world.is_distributed:  # the other ranks wait in DDP's all-reduce: no retry
             raise DeviceError(
                 f"CUDA ran out of memory on rank {self.world.rank} at step {step}; {fix}"
             )
-        self.optimizer.zero_grad(set_to_none=True)
+        if not keep_gradients:
+            self.optimizer.zero_grad(set_to_none=True)
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.setup.device)
@@ -355,6 +358,15 @@ class Trainer:
             self.state,
             reason=f"CUDA ran out of memory at step {step}",
         )
+
+    def _retries_out_of_memory(self) -> bool:
+        """Whether a step that ran out of memory is tried again: on CUDA, where the allocator
+        is capped at the budget (NOTE [Enforcing the budget])."""
+        return self.setup.device.type == "cuda"
+
+    @property
+    def _out_of_memory_fix(self) -> str:
+        return f"lower --vram-budget or --batch-size, then continue with --resume {self.run.path}"
 
     def forward_backward(self, inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> float:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.setup.loss_fn
@@ -383,11 +395,16 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
         if self.config.grad_clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(parameters, self.config.grad_clip_norm)
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        scaler = self.scaler
+        optimizer_step_retried_on_out_of_memory(
+            self.optimizer.step if scaler is None else lambda: scaler.step(self.optimizer),
+            self.optimizer,
+            lambda: self._recover_from_out_of_memory(keep_gradients=True),
+            retries=self._retries_out_of_memory,
+            written_fix=self._out_of_memory_fix,
+        )
+        if scaler is not None:
+            scaler.update()
         self.scheduler.step()
         # Under DDP the gradients are views of its buckets; zeroing them in place keeps them
         # there, where dropping them would make the micro-batches under no_sync accumulate
@@ -395,39 +412,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=self.parallelism != "ddp")
 
     def summary(self, stopped: str) -> dict[str, Any]:
-        seconds = self.state.step_seconds
-        return {
-            "kind": "summary",
-            "run_dir": str(self.run.path),
-            "epochs_done": self.state.epoch,
-            "stopped": stopped,
-            "global_step": self.state.global_step,
-            "best_val_loss": self.state.best_val_loss,
-            "naive_val_loss": self.naive_losses,
-            "best_val_skill": skill(self.state.best_val_loss, self.naive_losses)
-            if self.naive_losses and self.state.best_val_loss is not None
-            else None,
-            "peak_bytes": self.state.peak_bytes if self.state.num_measured_steps else None,
-            "num_measured_steps": self.state.num_measured_steps,
-            "budget_bytes": self.budget_bytes,
-            "predicted_peak_bytes": self.plans.plan.predicted_peak_bytes,
-            # Without a budget nothing was promised: None, not a vacuous True.
-            "within_budget": None
-            if self.budget_bytes is None
-            else self.state.peak_bytes <= self.budget_bytes,
-            "memory_measure": self.meter.description,
-            "mean_step_s": sum(seconds) / len(seconds) if seconds else 0.0,
-            # NOTE [Prefetching batches]: this process's wait for data, against its steps.
-            "data_wait_s": self.data_wait_s,
-            "data_wait_share": self.data_wait_s / (self.data_wait_s + self.step_s_run)
-            if self.step_s_run
-            else 0.0,
-            "num_replans": self.state.num_replans,
-            "num_plans": self.plans.num_plans,
-            "planning_s": self.plans.planning_s,
-            "world_size": self.world.world_size,
-            "parallelism": self.parallelism,
-        }
+        """The run's last record (:func:`~autockpt.training.loop.run_summary.run_summary`)."""
+        return run_summary(self, stopped)
 
 
 # ---------------------------------------------------------------------------- entry points
