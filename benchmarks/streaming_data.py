@@ -61,8 +61,9 @@ def make_file(path: Path, days: int, features: int = FEATURES) -> Path:
     return path
 
 
-# The command line in a process that prints its own peak resident memory when it ends.
-_MEASURED = (
+# The command line in a process that prints its own peak resident memory when it ends (also
+# long_history.py).
+MEASURED_CLI = (
     "import json, resource, sys\n"
     "from autockpt.cli import main\n"
     "code = main(sys.argv[1:])\n"
@@ -85,7 +86,7 @@ def run(command: list[str]) -> dict[str, float | None]:
     waits: list[float] = []
     steps: list[float] = []
     peak_kib = 0
-    launch = [sys.executable, "-c", _MEASURED, *command]
+    launch = [sys.executable, "-c", MEASURED_CLI, *command]
     with subprocess.Popen(launch, stdout=subprocess.PIPE, text=True) as process:
         assert process.stdout is not None
         status = Path(f"/proc/{process.pid}/status")

@@ -1898,6 +1898,88 @@ MUTATIONS = (
         ("tests/training/test_step_memory.py",),
     ),
     Mutation(
+        "sample-misses-short-contracts",
+        "the windows spread over a part give a contract with few windows none: a contract "
+        "listed late is left out of its score (NOTE [Scores in proportion])",
+        "autockpt/training/forecasts/scoring_sample.py",
+        "        share = min(int(count), max(1, round(cap * int(count) / total)))\n",
+        "        share = min(int(count), round(cap * int(count) / total))\n",
+        ("tests/training/test_scores_in_proportion.py",),
+    ),
+    Mutation(
+        "test-sample-follows-the-run",
+        "the test windows' sample is sized by the run, as validation's is: two runs on the same "
+        "data and split score different test windows, and their scores do not compare",
+        "autockpt/training/loop/run_time.py",
+        "        self.test = held_out_sample(data.test.run_counts, config.test_windows)\n",
+        "        self.test = validation_sample(\n"
+        "            data.test.run_counts,\n"
+        "            config.test_windows,\n"
+        "            windows_per_epoch=steps_per_epoch * setup.global_batch_size,\n"
+        "        )\n",
+        ("tests/training/test_scores_in_proportion.py",),
+    ),
+    Mutation(
+        "test-windows-asked-ignored",
+        "--test-windows is ignored: the test part is scored on the default sample whatever "
+        "the user asked (all, or a count)",
+        "autockpt/training/forecasts/scoring_sample.py",
+        "    return _sample(run_counts, TEST_WINDOWS if asked is None else asked)\n",
+        "    return _sample(run_counts, TEST_WINDOWS)\n",
+        ("tests/training/test_scores_in_proportion.py",),
+    ),
+    Mutation(
+        "progress-line-every-batch",
+        "a long scoring under --quiet prints a progress line for every batch, thousands a "
+        "minute, instead of one every few seconds",
+        "autockpt/training/host/progress.py",
+        "        if finished or now - self._last.get(what, -math.inf) >= PROGRESS_LINE_EVERY_S:\n",
+        "        if True:\n",
+        ("tests/training/test_scores_in_proportion.py",),
+    ),
+    Mutation(
+        "quiet-scoring-silent",
+        "a quiet run says nothing while it scores its validation and test windows",
+        "autockpt/training/host/progress.py",
+        "    def progress(self, record: Record) -> None:\n        self._progress_lines(record)\n",
+        "    def progress(self, record: Record) -> None:\n        del record\n",
+        ("tests/training/test_scores_in_proportion.py",),
+    ),
+    Mutation(
+        "expected-time-leaves-out-the-steps",
+        "the run's expected time leaves its training steps out",
+        "autockpt/training/loop/run_time.py",
+        "        train_s=steps * step_s,\n",
+        "        train_s=0.0,\n",
+        ("tests/training/test_scores_in_proportion.py",),
+    ),
+    Mutation(
+        "summary-counts-the-sample-as-the-part",
+        "the summary says a sampled score took every window of its part",
+        "autockpt/training/forecasts/scoring_sample.py",
+        '            f"{part}_windows_of": self.total,\n',
+        '            f"{part}_windows_of": self.count,\n',
+        ("tests/training/test_scores_in_proportion.py",),
+    ),
+    Mutation(
+        "standard-error-without-correction",
+        "the loss's standard error is taken from its batches without Bessel's correction: "
+        "too small, most where the batches are few",
+        "autockpt/training/forecasts/evaluate.py",
+        "    return math.sqrt(max(spread, 0.0) * batches / (batches - 1)) / num_windows\n",
+        "    return math.sqrt(max(spread, 0.0)) / num_windows\n",
+        ("tests/training/test_scores_in_proportion.py",),
+    ),
+    Mutation(
+        "predict-silent-off-a-terminal",
+        "predict and interpret say nothing while they work in a file or a pipe (a scheduler's "
+        "log waits without a word)",
+        "autockpt/cli/console.py",
+        "        yield scoring_progress(description, ProgressLines(line))\n",
+        "        yield None\n",
+        ("tests/training/test_scores_in_proportion.py",),
+    ),
+    Mutation(
         "retried-step-draws-other-masks",
         "a step retried after running out of memory draws other random numbers (dropout "
         "masks) than the failed one",

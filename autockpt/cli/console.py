@@ -10,14 +10,23 @@ its natural width, each row on one line, and no line is wrapped.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
-from collections.abc import Callable, Iterator
-from typing import TextIO
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 from autockpt.progress import on_a_terminal, showing_progress
+from autockpt.training.host.progress import ProgressLines, scoring_progress
 
 #: The width when stdout is not a terminal: wider than any line the commands print. Tables,
 #: progress bars and text size themselves to their content, so nothing is padded to it.
@@ -44,21 +53,30 @@ def windows_progress(
     console: Console, description: str
 ) -> Iterator[Callable[[int, int], None] | None]:
     """A progress bar over windows for a long command (``predict``, ``interpret``): yields the
-    ``(windows done, windows in all)`` callback the library calls after each batch, or None
-    where stdout is not a terminal (a file, a pipe, a test), which gets no bar. Until the
-    first batch the bar says what the wait is (a row cache's build: NOTE [Progress on long
-    waits])."""
+    ``(windows done, windows in all)`` callback the library calls after each batch. On a
+    terminal a bar with the windows done, their rate and the time left; until the first batch
+    it says what the wait is (a row cache's build: NOTE [Progress on long waits]). Elsewhere (a
+    file, a pipe, a scheduler's log) a JSON progress line on stderr every few seconds, so that
+    stdout keeps the command's own output alone."""
     if not writes_to_terminal(sys.stdout):
-        yield None
+
+        def line(record: Mapping[str, Any]) -> None:
+            print(json.dumps(dict(record), sort_keys=True), file=sys.stderr, flush=True)
+
+        yield scoring_progress(description, ProgressLines(line))
         return
-    columns = (BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    rate = TextColumn("{task.fields[rate]}")
+    columns = (BarColumn(), MofNCompleteColumn(), rate, TimeRemainingColumn())
     with Progress(
         *Progress.get_default_columns()[:1], *columns, console=console, transient=True
     ) as bar:
-        task = bar.add_task(description, total=None)
+        task = bar.add_task(description, total=None, rate="")
+        started = time.perf_counter()
 
         def advance(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total, description=description)
+            elapsed = time.perf_counter() - started
+            per_s = f"{done / elapsed:,.0f} windows/s" if elapsed > 0 else ""
+            bar.update(task, completed=done, total=total, description=description, rate=per_s)
 
         with showing_progress(lambda text: bar.update(task, description=text, refresh=True)):
             yield advance

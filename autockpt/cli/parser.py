@@ -68,6 +68,8 @@ CONFIG_KEYS = (
     "epochs",
     "lr",
     "max_steps_per_epoch",
+    "val_windows",
+    "test_windows",
     "memory_check_every",
     "cpu_threads",
     "compile",
@@ -249,6 +251,17 @@ def _add_column_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _windows(text: str) -> int | str:
+    """``--val-windows`` / ``--test-windows``: a whole number >= 1, or ``all``."""
+    if text.strip().lower() == "all":
+        return "all"
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of windows; pass a whole number >= 1 such as 4096, or all"
+        )
+    return int(text)
+
+
 def _add_training_options(parser: argparse.ArgumentParser) -> None:
     """Options shared by train and demo: epochs, learning rate, step cap, run folder."""
     group = parser.add_argument_group("training")
@@ -257,10 +270,21 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
         "--lr", type=float, metavar="RATE", help="peak learning rate (default: 0.001)"
     )
     group.add_argument(
-        "--max-steps-per-epoch",
-        type=int,
-        metavar="N",
-        help="cap on steps (and validation batches) per epoch",
+        "--max-steps-per-epoch", type=int, metavar="N", help="cap on training steps per epoch"
+    )
+    group.add_argument(
+        "--val-windows",
+        type=_windows,
+        metavar="N|all",
+        help="validation windows scored each epoch, spread evenly over the part (default: as "
+        "many as an epoch trains on, at least 4096)",
+    )
+    group.add_argument(
+        "--test-windows",
+        type=_windows,
+        metavar="N|all",
+        help="test windows scored at the end, spread evenly over the part; the same windows "
+        "for every run (default: 16384)",
     )
     group.add_argument(
         "--memory-check-every",

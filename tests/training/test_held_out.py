@@ -11,6 +11,7 @@ import torch
 from rich.console import Console
 
 from autockpt.training.forecasts.held_out import score_test_windows
+from autockpt.training.forecasts.scoring_sample import held_out_sample
 from autockpt.training.host.progress import RichReporter
 from autockpt.training.options.config import TrainConfig
 from autockpt.training.options.settings import SAMPLE_DATA
@@ -32,21 +33,28 @@ def test_best_weights_score_the_test_windows_and_the_last_ones_come_back(
     with torch.no_grad():
         best = {k: v + 0.01 if v.is_floating_point() else v for k, v in last.items()}
     run.save_checkpoint(BEST_FILE, {"model": best})
-    scores = score_test_windows(setup, run)
+    every = held_out_sample(setup.data.test.run_counts, "all")
+    scores = score_test_windows(setup, run, every)
     assert scores["test_windows"] == len(setup.data.test) > 0
     for name, value in model.state_dict().items():  # the run's model is the one it was
         torch.testing.assert_close(value, last[name], rtol=0, atol=0)
     run.save_checkpoint(BEST_FILE, {"model": last})
-    assert score_test_windows(setup, run)["test_loss"] != scores["test_loss"]
+    assert score_test_windows(setup, run, every)["test_loss"] != scores["test_loss"]
 
 
 def test_a_split_without_test_windows_says_so(tmp_path: Path) -> None:
     setup = prepare(
         TrainConfig(data=SAMPLE_DATA, preset="tiny", batch_size=32, split=(0.8, 0.2, 0.0))
     )
-    scores = score_test_windows(setup, RunFolder.create(tmp_path / "run"))
+    sample = held_out_sample(setup.data.test.run_counts, None)
+    scores = score_test_windows(setup, RunFolder.create(tmp_path / "run"), sample)
     split = scores.pop("split")
-    assert scores == {"test_windows": 0, "test_not_scored": "the split leaves no test windows"}
+    assert scores == {
+        "test_windows": 0,
+        "test_windows_of": 0,
+        "test_windows_spread": False,
+        "test_not_scored": "the split leaves no test windows",
+    }
     assert split["asked"] == [0.8, 0.2, 0.0] and split["windows"]["test"] == 0
     # The empty test part's cut is just after the file's last bar (tft.data.splits.split_cuts).
     assert split["test_from"] == "2024-01-22T21:59 UTC"

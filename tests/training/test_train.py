@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -20,6 +21,7 @@ import autockpt
 from autockpt.cli import main
 from autockpt.cli.plot import plot_available
 from autockpt.errors import DeviceError
+from autockpt.training.forecasts.scoring_sample import validation_sample
 from autockpt.training.host.progress import JsonLinesReporter
 from autockpt.training.loop.train import Trainer
 from autockpt.training.options.config import TrainConfig
@@ -129,7 +131,9 @@ def test_validation_metrics_are_those_of_best_pt(plain_run: Path) -> None:
     # trainer's evaluate() is not used.
     epochs = [r for r in RunFolder(plain_run).read_metrics() if r["kind"] == "epoch"]
     logged = [r for r in epochs if r["improved"]][-1]
-    # Validation reads the first batches in order, as many windows as it logged.
+    # Validation scores a sample spread evenly over the part (NOTE [Scores in proportion]):
+    # the sample's windows, as many as it logged, out of every one.
+    assert logged["val_windows_spread"] and logged["val_windows"] < logged["val_windows_of"]
     _check_scores_by_hand(plain_run, "validation", logged["val_windows"], logged, "val")
 
 
@@ -160,7 +164,12 @@ def _check_scores_by_hand(
         horizon=config.horizon,
         normalizer=normalizer,
     )
-    batch = getattr(data, part).batch(range(num_windows))
+    windows = getattr(data, part)
+    positions = np.arange(num_windows)
+    if num_windows < len(windows):  # the run's default sample: the floor's count, spread
+        positions = validation_sample(windows.run_counts, None, windows_per_epoch=0).positions
+    assert positions is not None and len(positions) == num_windows
+    batch = windows.batch(positions)
     assert part != "test" or num_windows == len(data.test)
     with torch.no_grad():
         prediction = model(*batch.inputs()).double()  # (N, H, Q)

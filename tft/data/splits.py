@@ -216,6 +216,11 @@ class StartRuns:
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
 
+    @property
+    def counts(self) -> np.ndarray:
+        """Each run's windows, in the part's order (one run a symbol, in time order)."""
+        return self._counts
+
     def __getitem__(self, positions: np.ndarray | Sequence[int]) -> np.ndarray:
         """The first rows of the windows at ``positions`` (0 to ``len - 1``)."""
         positions = np.asarray(positions, dtype=np.int64)

@@ -118,6 +118,12 @@ class WindowDataset:
         return len(self._starts)
 
     @property
+    def run_counts(self) -> np.ndarray:
+        """The windows of each run of consecutive starts, in this dataset's order: one run a
+        symbol, its windows in time order (NOTE [Window starts without a per-window array])."""
+        return self._starts.counts
+
+    @property
     def rows(self) -> Rows:
         """The row arrays this dataset's windows index (shared by every split of the file)."""
         return self._rows

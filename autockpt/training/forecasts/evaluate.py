@@ -34,11 +34,15 @@ class Scores:
     """Share of targets between the lowest and the highest quantile."""
     loss_by_step: list[float]
     """The pinball loss of each horizon step."""
+    loss_se: float | None = None
+    """The standard error of :attr:`loss` from the spread of the batches' mean losses (NOTE
+    [Scores in proportion]); None over fewer than two batches."""
 
     def record(self) -> dict[str, Any]:
         """The scores as the run's metrics carry them."""
         return {
             "loss": self.loss,
+            "loss_se": self.loss_se,
             "mae": self.mae,
             "rmse": self.rmse,
             "loss_by_step": self.loss_by_step,
@@ -89,11 +93,17 @@ def evaluate(
     setup: Setup,
     dataset: WindowDataset,
     *,
-    max_batches: int | None,
+    max_batches: int | None = None,
+    positions: np.ndarray | None = None,
     model: torch.nn.Module | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Evaluation | None:
     """Metrics of the model and of the naive forecasts on ``dataset`` without autograd;
     None when empty.
+
+    ``positions`` (ascending) scores those windows alone (a :class:`~autockpt.training.
+    forecasts.scoring_sample.ScoringSample`'s), ``max_batches`` the first batches alone;
+    ``progress`` is called after each batch with the windows scored and the windows to score.
 
     With several ranks each evaluates its share of every global batch and the sums are added
     up, so every rank gets the metrics one process would over the same windows. ``model``
@@ -113,21 +123,29 @@ def evaluate(
     )
     was_training = model.training
     model.eval()
-    batches = iterate_batches(
-        dataset, setup.global_batch_size, shuffle=False, seed=0, drop_last=False
-    )
+    size = setup.global_batch_size
+    if positions is None:
+        batches = iterate_batches(dataset, size, shuffle=False, seed=0, drop_last=False)
+    else:
+        batches = (dataset.batch(positions[i : i + size]) for i in range(0, len(positions), size))
+    to_score = len(dataset) if positions is None else len(positions)
+    if max_batches is not None:
+        to_score = min(to_score, max_batches * size)
     pieces, every_piece = setup.plan.inference_pieces, setup.parallelism == "fsdp"
+    scored = 0
     with torch.no_grad(), autocast(setup):
         for global_batch in islice(batches, max_batches):
             batch = rank_slice(global_batch, setup.world)
-            if len(batch.target) == 0:
-                if every_piece:  # the others gather parameters in forward
-                    one = tuple(t[:1].to(setup.device) for t in global_batch.inputs())
-                    forward_in_pieces(model, one, pieces, every_piece=True)
-                continue
-            inputs = tuple(t.to(setup.device) for t in batch.inputs())
-            output = forward_in_pieces(model, inputs, pieces, every_piece=every_piece)
-            scores.add(output.float(), batch)  # (B, H, Q)
+            if len(batch.target):
+                inputs = tuple(t.to(setup.device) for t in batch.inputs())
+                output = forward_in_pieces(model, inputs, pieces, every_piece=every_piece)
+                scores.add(output.float(), batch)  # (B, H, Q)
+            elif every_piece:  # the others gather parameters in forward
+                one = tuple(t[:1].to(setup.device) for t in global_batch.inputs())
+                forward_in_pieces(model, one, pieces, every_piece=True)
+            scored += len(global_batch.target)
+            if progress is not None:
+                progress(scored, to_score)
     model.train(was_training)
     if setup.world.is_distributed:
         by_rank = setup.world.all_gather((scores.totals, scores.num_windows, scores.num_values))
@@ -196,8 +214,8 @@ class ForecastScores:
         self.naive, self.loss_fn, self.device = naive, loss_fn, device
         self.median = min(range(len(quantiles)), key=lambda i: abs(quantiles[i] - 0.5))
         self.target_std = torch.tensor(target_std, device=device)
-        # Per forecast: loss, |error|, error^2 and covered sums, then each step's loss sum.
-        self.totals = {name: np.zeros(4 + horizon) for name in ("model", *NAIVE_NAMES)}
+        # Per forecast: score_sums' sums, then each step's loss sum.
+        self.totals = {name: np.zeros(SUMS + horizon) for name in ("model", *NAIVE_NAMES)}
         self.num_windows = self.num_values = 0
 
     def add(self, prediction: torch.Tensor, batch: Batch) -> None:
@@ -215,6 +233,12 @@ class ForecastScores:
         return evaluation_of(self.totals, self.num_windows, self.num_values)
 
 
+#: The sums :func:`score_sums` gives before each step's loss sum: loss, |error|, error^2,
+#: covered, and for the loss's standard error the batches' squared loss sums, their loss sums
+#: times their sizes, their squared sizes and their count.
+SUMS = 8
+
+
 def evaluation_of(totals: dict[str, np.ndarray], num_windows: int, num_values: int) -> Evaluation:
     """The :class:`Evaluation` of :func:`score_sums` added up over every window, by forecast
     (``"model"`` and the naive ones)."""
@@ -224,7 +248,8 @@ def evaluation_of(totals: dict[str, np.ndarray], num_windows: int, num_values: i
             mae=float(sums[1]) / num_values,
             rmse=math.sqrt(float(sums[2]) / num_values),
             coverage=float(sums[3]) / num_values,
-            loss_by_step=[float(v) / num_windows for v in sums[4:]],
+            loss_by_step=[float(v) / num_windows for v in sums[SUMS:]],
+            loss_se=_loss_standard_error(sums, num_windows),
         )
         for name, sums in totals.items()
     }
@@ -248,12 +273,30 @@ def score_sums(
         loss_fn(prediction[:, h : h + 1], target[:, h : h + 1]).item() * size
         for h in range(target.size(1))
     ]
+    loss_sum = loss_fn(prediction, target).item() * size
     return np.array(
         [
-            loss_fn(prediction, target).item() * size,
+            loss_sum,
             error.abs().sum().item(),
             error.square().sum().item(),
             inside.sum().item(),
+            loss_sum**2,
+            loss_sum * size,
+            size**2,
+            1.0,
             *by_step,
         ]
     )
+
+
+def _loss_standard_error(sums: np.ndarray, num_windows: int) -> float | None:
+    """The standard error of the mean loss from its batches' spread (NOTE [Scores in
+    proportion]): each batch b of n_b windows and mean loss m_b is one draw of a ratio
+    estimator, whose variance is B / (B - 1) * sum(n_b^2 (m_b - M)^2) / N^2; expanded, the sum
+    is sum(n_b^2 m_b^2) - 2 M sum(n_b^2 m_b) + M^2 sum(n_b^2), sums that add up over ranks."""
+    squared, by_size, sizes_squared, batches = (float(v) for v in sums[4:SUMS])
+    if batches < 2:
+        return None
+    mean = float(sums[0]) / num_windows
+    spread = squared - 2 * mean * by_size + mean**2 * sizes_squared
+    return math.sqrt(max(spread, 0.0) * batches / (batches - 1)) / num_windows

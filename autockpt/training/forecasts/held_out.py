@@ -14,22 +14,36 @@ sharded over the ranks and the test windows are not scored here (the summary say
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from autockpt.training.forecasts.evaluate import evaluate
+from autockpt.training.forecasts.scoring_sample import ScoringSample
 from autockpt.training.setup.prepare import Setup
 from autockpt.training.setup.runs import BEST_FILE, RunFolder
 from tft.data.splits import NO_CUT, time_text
 
 
-def score_test_windows(setup: Setup, run: RunFolder) -> dict[str, Any]:
-    """The run summary's ``test_*`` fields: the best checkpoint's loss, MAE, RMSE, coverage
-    and skill on the test windows, and the naive forecasts' scores there (NOTE [Test windows at
-    the end of a run]); ``test_windows`` 0 and no scores when the split leaves none."""
+def score_test_windows(
+    setup: Setup,
+    run: RunFolder,
+    sample: ScoringSample,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """The run summary's ``test_*`` fields: the best checkpoint's loss (and its standard
+    error), MAE, RMSE, coverage and skill on the test windows of ``sample`` (NOTE [Scores in
+    proportion]), and the naive forecasts' scores there (NOTE [Test windows at the end of a
+    run]); ``test_windows`` 0 and no scores when the split leaves none. ``progress`` is called
+    after each batch with the windows scored and the windows to score."""
     dataset = setup.data.test
     if len(dataset) == 0 or setup.parallelism == "fsdp":
         skipped = "sharded over the ranks" if len(dataset) else "the split leaves no test windows"
-        return {"split": split_record(setup), "test_windows": 0, "test_not_scored": skipped}
+        return {
+            "split": split_record(setup),
+            **sample.record("test"),
+            "test_windows": 0,
+            "test_not_scored": skipped,
+        }
     setup.world.all_gather(None)  # the main rank wrote best.pt: every rank reads it after
     best = run.load_checkpoint(BEST_FILE)["model"]  # on the host, copied into the model
     model = setup.model
@@ -37,14 +51,16 @@ def score_test_windows(setup: Setup, run: RunFolder) -> dict[str, Any]:
     try:
         model.load_state_dict(best)
         del best
-        evaluation = evaluate(setup, dataset, max_batches=None)
+        evaluation = evaluate(setup, dataset, positions=sample.positions, progress=progress)
     finally:
         model.load_state_dict(last)
     assert evaluation is not None  # the dataset has windows
     return {
         "split": split_record(setup),
+        **sample.record("test"),
         "test_windows": evaluation.num_windows,
         "test_loss": evaluation.loss,
+        "test_loss_se": evaluation.model.loss_se,
         "test_mae": evaluation.mae,
         "test_rmse": evaluation.rmse,
         "test_coverage": evaluation.coverage,

@@ -325,5 +325,8 @@ class SilentReporter:
     def event(self, record: Record) -> None:
         del record
 
+    def progress(self, record: Record) -> None:
+        del record
+
     def finish(self, summary: Record) -> None:
         del summary

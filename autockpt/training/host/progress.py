@@ -11,8 +11,10 @@ peak with the step it comes from.
 from __future__ import annotations
 
 import json
+import math
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TextIO
 
 from rich.console import Console
@@ -38,7 +40,59 @@ class Reporter(Protocol):
     def step(self, record: Record) -> None: ...
     def epoch(self, record: Record) -> None: ...
     def event(self, record: Record) -> None: ...
+    def progress(self, record: Record) -> None: ...
     def finish(self, summary: Record) -> None: ...
+
+
+#: The most seconds between two progress lines of a long wait in JSON lines (``--quiet``).
+PROGRESS_LINE_EVERY_S = 2.0
+
+
+def scoring_progress(
+    what: str, report: Callable[[Record], None], *, clock: Callable[[], float] = time.perf_counter
+) -> Callable[[int, int], None]:
+    """The ``(windows done, windows in all)`` callback of a scoring loop (validation, the test
+    windows, ``predict``, ``interpret``) that hands ``report`` a progress record after each
+    batch: ``{"kind": "progress", "what", "done", "total", "windows_per_s", "left_s",
+    "elapsed_s"}``, the rate and time left from the windows done so far."""
+    started = clock()
+
+    def advance(done: int, total: int) -> None:
+        elapsed = clock() - started
+        rate = done / elapsed if elapsed > 0 else None
+        report(
+            {
+                "kind": "progress",
+                "what": what,
+                "done": done,
+                "total": total,
+                "windows_per_s": rate,
+                "left_s": (total - done) / rate if rate else None,
+                "elapsed_s": elapsed,
+            }
+        )
+
+    return advance
+
+
+class ProgressLines:
+    """Progress records as JSON lines, one at most every :data:`PROGRESS_LINE_EVERY_S` seconds
+    of each wait, and its last (done == total) always."""
+
+    def __init__(
+        self, write: Callable[[Record], None], *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._write, self._clock = write, clock
+        self._last: dict[str, float] = {}
+
+    def __call__(self, record: Record) -> None:
+        now, what = self._clock(), record["what"]
+        finished = record["done"] >= record["total"]
+        if finished or now - self._last.get(what, -math.inf) >= PROGRESS_LINE_EVERY_S:
+            self._last[what] = now
+            self._write(record)
+        if finished:
+            self._last.pop(what, None)
 
 
 #: How the naive forecasts (NOTE [Naive forecasts]) are named on the terminal.
@@ -86,6 +140,7 @@ class JsonLinesReporter:
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self._stream = stream if stream is not None else sys.stdout
+        self._progress_lines = ProgressLines(self._print)
 
     def _print(self, record: Record) -> None:
         self._stream.write(json.dumps(dict(record), sort_keys=True) + "\n")
@@ -110,6 +165,9 @@ class JsonLinesReporter:
     def event(self, record: Record) -> None:
         self._print(record)
 
+    def progress(self, record: Record) -> None:
+        self._progress_lines(record)
+
     def finish(self, summary: Record) -> None:
         self._print(summary)
 
@@ -133,6 +191,8 @@ class RichReporter:
         self._steps_per_epoch = 0
         self._last_peak: tuple[int, int] | None = None
         """(step, peak bytes) of the last measured step."""
+        self._waits: dict[str, TaskID] = {}
+        """The bar of each wait under way, by what it is."""
 
     def start(self, *, num_epochs: int, first_epoch: int, steps_per_epoch: int) -> None:
         self._steps_per_epoch = steps_per_epoch
@@ -160,7 +220,8 @@ class RichReporter:
         self._progress.update(self._epochs, completed=record["epoch"], info="")
         val = record.get("val_loss")
         val_text = (
-            f"val {val:.4f}  MAE {record['val_mae']:.4g}  RMSE {record['val_rmse']:.4g}  "
+            f"val {val:.4f}{_se_text(record.get('val_loss_se'))}  MAE {record['val_mae']:.4g}  "
+            f"RMSE {record['val_rmse']:.4g}  "
             f"coverage {record['val_coverage']:.0%}{_naive_text(record)}"
             if val is not None
             else "no validation windows"
@@ -180,6 +241,20 @@ class RichReporter:
 
     def event(self, record: Record) -> None:
         self._progress.console.print(f"[yellow]{record['message']}[/yellow]")
+
+    def progress(self, record: Record) -> None:
+        """A bar for each wait (validation, the test windows) with windows done, the rate and
+        the time left; it goes when the wait ends."""
+        what = record["what"]
+        task = self._waits.get(what)
+        if task is None:
+            task = self._progress.add_task(f"{what:<6}", total=record["total"], info="")
+            self._waits[what] = task
+        rate, left = record["windows_per_s"], record["left_s"]
+        info = "" if rate is None else f"{rate:,.0f} windows/s, {left:.0f} s left"
+        self._progress.update(task, completed=record["done"], total=record["total"], info=info)
+        if record["done"] >= record["total"]:
+            self._progress.remove_task(self._waits.pop(what))
 
     def finish(self, summary: Record) -> None:
         self._progress.stop()
@@ -202,8 +277,9 @@ class RichReporter:
         if summary.get("test_loss") is not None:  # NOTE [Test windows at the end of a run]
             table.add_row(
                 "test windows (best.pt)",
-                f"{summary['test_windows']}: loss {summary['test_loss']:.4f}, "
-                f"MAE {summary['test_mae']:.4g}, RMSE {summary['test_rmse']:.4g}",
+                f"{windows_text(summary, 'test')}: loss {summary['test_loss']:.4f}"
+                f"{_se_text(summary.get('test_loss_se'))}, MAE {summary['test_mae']:.4g}, "
+                f"RMSE {summary['test_rmse']:.4g}",
             )
             naive = naive_text(summary["test_naive"], summary.get("test_skill"))
             table.add_row("test naive forecasts", naive.removeprefix("  | naive (loss/MAE/RMSE): "))
@@ -225,12 +301,56 @@ class RichReporter:
             )
             table.add_row("within budget", "[green]yes[/green]" if within else "[red]no[/red]")
         table.add_row("mean step time", f"{summary['mean_step_s'] * 1000:.1f} ms")
+        if summary.get("val_windows_of"):
+            table.add_row("validation windows", windows_text(summary, "val") + " each epoch")
+        if "run_time" in summary:  # NOTE [The run's expected time]
+            table.add_row("run time (expected)", run_time_text(summary["run_time"]))
         if "data_wait_share" in summary:
             table.add_row(
                 "waiting for data",
                 f"{summary['data_wait_s']:.2f} s ({summary['data_wait_share']:.1%} of step time)",
             )
         self._console.print(table)
+
+
+def windows_text(record: Record, part: str) -> str:
+    """``"4,096 of 120,000, spread evenly"`` or ``"1,200"``: the windows a score took (NOTE
+    [Scores in proportion]), from a record's ``{part}_windows`` fields."""
+    count, total = record[f"{part}_windows"], record.get(f"{part}_windows_of")
+    if not record.get(f"{part}_windows_spread") or total is None:
+        return f"{count:,}"
+    return f"{count:,} of {total:,}, spread evenly"
+
+
+def _se_text(standard_error: float | None) -> str:
+    return "" if standard_error is None else f" ± {standard_error:.4f}"
+
+
+def run_time_text(run_time: Record) -> str:
+    """``"12 s (10 s expected): data 1.00 s (1.00 s), steps ..."``: each part of a run's time
+    measured, its expectation in brackets (NOTE [The run's expected time])."""
+    expected, measured = run_time["expected"], run_time["measured"]
+    parts = [
+        f"{name} {seconds_text(measured[key])} ({seconds_text(expected[key])})"
+        for name, key in (
+            ("data", "data_s"),
+            ("steps", "train_s"),
+            ("validation", "validation_s"),
+            ("test", "test_s"),
+        )
+    ]
+    total = f"{seconds_text(measured['total_s'])} ({seconds_text(expected['total_s'])} expected)"
+    return f"{total}: " + ", ".join(parts)
+
+
+def seconds_text(value: float) -> str:
+    """``"0.42 s"``, ``"12 s"``, ``"3 min 20 s"``."""
+    if value < 10:
+        return f"{value:.2f} s"
+    if value < 120:
+        return f"{value:.0f} s"
+    minutes, seconds = divmod(round(value), 60)
+    return f"{minutes} min {seconds} s"
 
 
 def split_text(split: Record) -> str:

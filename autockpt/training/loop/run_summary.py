@@ -1,17 +1,40 @@
-"""The summary record that ends a training run: what was trained, how it scored, what memory
-and time it took, and how often it was planned."""
+"""The records that sum a run up: an epoch's validation scores, and the summary that ends the
+run (what was trained, how it scored, what memory and time it took, how often it was
+planned)."""
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
 from autockpt import Parallelism
+from autockpt.training.forecasts.evaluate import Evaluation
+from autockpt.training.forecasts.scoring_sample import ScoringSample
 from autockpt.training.host.distributed import World
 from autockpt.training.loop.replanning import Replanner
+from autockpt.training.loop.run_time import RunClock
 from autockpt.training.loop.step_memory import StepMemoryMeter
 from autockpt.training.setup.baselines import skill
 from autockpt.training.setup.checkpoint import RunState
 from autockpt.training.setup.runs import RunFolder
+
+
+def validation_record(evaluation: Evaluation | None, sample: ScoringSample) -> dict[str, Any]:
+    """An epoch record's ``val_*`` fields: the scores of ``evaluation`` (None: no validation
+    windows) and how many windows of how many it took (NOTE [Scores in proportion])."""
+    return {
+        "val_loss": evaluation.loss if evaluation else None,
+        "val_loss_se": evaluation.model.loss_se if evaluation else None,
+        "val_mae": evaluation.mae if evaluation else None,
+        "val_rmse": evaluation.rmse if evaluation else None,
+        "val_coverage": evaluation.coverage if evaluation else None,
+        # NOTE [Naive forecasts]: the same windows, forecast knowing nothing.
+        "val_loss_by_step": evaluation.model.loss_by_step if evaluation else None,
+        "val_naive": {k: v.record() for k, v in evaluation.naive.items()} if evaluation else None,
+        "val_skill": evaluation.skill if evaluation else None,
+        "val_skill_by_step": evaluation.skill_by_step if evaluation else None,
+        **sample.record("val"),
+        "val_windows": evaluation.num_windows if evaluation else 0,
+    }
 
 
 class SummarisedRun(Protocol):
@@ -26,6 +49,7 @@ class SummarisedRun(Protocol):
     step_s_run: float
     world: World
     parallelism: Parallelism
+    clock: RunClock
 
     @property
     def budget_bytes(self) -> int | None: ...
@@ -65,6 +89,9 @@ def run_summary(trainer: SummarisedRun, stopped: str) -> dict[str, Any]:
         "data_wait_share": trainer.data_wait_s / (trainer.data_wait_s + trainer.step_s_run)
         if trainer.step_s_run
         else 0.0,
+        # NOTE [Scores in proportion], NOTE [The run's expected time]
+        **trainer.clock.validation.record("val"),
+        "run_time": trainer.clock.record(trainer.step_s_run),
         "num_replans": trainer.state.num_replans,
         "num_plans": trainer.plans.num_plans,
         "planning_s": trainer.plans.planning_s,

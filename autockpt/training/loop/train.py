@@ -30,14 +30,15 @@ from autockpt.planner.verify import REPLANNING
 from autockpt.training.forecasts.evaluate import evaluate
 from autockpt.training.forecasts.held_out import score_test_windows
 from autockpt.training.host.host_tuning import tune_host
-from autockpt.training.host.progress import Reporter
+from autockpt.training.host.progress import Reporter, scoring_progress
 from autockpt.training.loop.memory_retry import (
     optimizer_step_retried_on_out_of_memory,
     retried_on_out_of_memory,
 )
 from autockpt.training.loop.prefetch import Prefetch, epoch_batches
 from autockpt.training.loop.replanning import Replanner
-from autockpt.training.loop.run_summary import run_summary
+from autockpt.training.loop.run_summary import run_summary, validation_record
+from autockpt.training.loop.run_time import RunClock
 from autockpt.training.loop.step_memory import StepMemoryMeter
 from autockpt.training.loop.step_model import compiled_step
 from autockpt.training.options.schedule import learning_rate_factor
@@ -88,6 +89,8 @@ class Trainer:
         num_batches = len(setup.data.train) // setup.global_batch_size
         assert num_batches > 0, "prepare() checks there is a full batch"
         self.steps_per_epoch = min(num_batches, self.config.max_steps_per_epoch or num_batches)
+        self.clock = RunClock(setup, steps_per_epoch=self.steps_per_epoch)
+        """The windows scored, and the run's times (NOTE [The run's expected time])."""
         factor = learning_rate_factor(self.config, self.steps_per_epoch * self.config.epochs)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
         use_scaler = setup.autocast_dtype == torch.float16
@@ -155,6 +158,9 @@ class Trainer:
                 steps_per_epoch=self.steps_per_epoch,
             )
             self.plans.record_plan_agreement(self.state)
+            left = config.epochs - self.state.epoch  # NOTE [The run's expected time]
+            line = self.clock.expect(self.setup, epochs=left, model=self.scoring_model)
+            self.log({"kind": "event", "message": line, "expected": self.clock.expected.record()})
             stopped = "finished" if self.state.epoch < config.epochs else "already finished"
             while self.upcoming is not None:
                 if self.state.epochs_without_improvement >= config.patience:
@@ -164,7 +170,9 @@ class Trainer:
         finally:
             if self.upcoming is not None:
                 self.upcoming.close()
-        summary = {**self.summary(stopped), **score_test_windows(self.setup, self.run)}
+        with self.clock.timing("test_s"):
+            test = score_test_windows(self.setup, self.run, self.clock.test, self.scoring("test"))
+        summary = {**self.summary(stopped), **test}
         if self.world.is_main:
             self.run.append_metrics([summary])
         self.reporter.finish(summary)
@@ -243,12 +251,14 @@ class Trainer:
         self, train_loss: float, epoch_peak: int | None, epoch_s: float, *, num_measured: int
     ) -> None:
         config = self.config
-        evaluation = evaluate(
-            self.setup,
-            self.setup.data.validation,
-            max_batches=config.max_steps_per_epoch,
-            model=self.plans.planned if self.parallelism == "fsdp" else None,
-        )
+        with self.clock.timing("validation_s"):
+            evaluation = evaluate(
+                self.setup,
+                self.setup.data.validation,
+                positions=self.clock.validation.positions,
+                model=self.scoring_model,
+                progress=self.scoring("validation"),
+            )
         score = evaluation.loss if evaluation is not None else train_loss
         if evaluation is not None:
             self.naive_losses = {k: v.loss for k, v in evaluation.naive.items()}
@@ -265,23 +275,12 @@ class Trainer:
             "num_epochs": config.epochs,
             "step": self.state.global_step,
             "train_loss": train_loss,
-            "val_loss": evaluation.loss if evaluation else None,
-            "val_mae": evaluation.mae if evaluation else None,
-            "val_rmse": evaluation.rmse if evaluation else None,
-            "val_coverage": evaluation.coverage if evaluation else None,
-            # NOTE [Naive forecasts]: the same windows, forecast knowing nothing.
-            "val_loss_by_step": evaluation.model.loss_by_step if evaluation else None,
-            "val_naive": {k: v.record() for k, v in evaluation.naive.items()}
-            if evaluation
-            else None,
-            "val_skill": evaluation.skill if evaluation else None,
-            "val_skill_by_step": evaluation.skill_by_step if evaluation else None,
+            **validation_record(evaluation, self.clock.validation),
             "improved": improved,
             "peak_bytes": epoch_peak,
             "num_measured_steps": num_measured,
             "budget_bytes": self.budget_bytes,
             "predicted_peak_bytes": self.plans.plan.predicted_peak_bytes,
-            "val_windows": evaluation.num_windows if evaluation else 0,
             "epoch_s": epoch_s,
         }
         rng_by_rank = gather_random_states(self.world)
@@ -410,6 +409,16 @@ class Trainer:
         # there, where dropping them would make the micro-batches under no_sync accumulate
         # into fresh tensors and hold a second copy of every gradient.
         self.optimizer.zero_grad(set_to_none=self.parallelism != "ddp")
+
+    @property
+    def scoring_model(self) -> torch.nn.Module | None:
+        """What validation runs: the sharded planned model under FSDP (its ranks run forward
+        together), else the setup's."""
+        return self.plans.planned if self.parallelism == "fsdp" else None
+
+    def scoring(self, what: str) -> Callable[[int, int], None]:
+        """The progress callback of a scoring wait (``validation``, ``test``)."""
+        return scoring_progress(what, self.reporter.progress)
 
     def summary(self, stopped: str) -> dict[str, Any]:
         """The run's last record (:func:`~autockpt.training.loop.run_summary.run_summary`)."""

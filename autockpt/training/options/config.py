@@ -65,7 +65,13 @@ class TrainConfig(BaseModel):
     patience: int = 3
     """epochs without a better validation loss before stopping early, a whole number >= 1."""
     max_steps_per_epoch: int | None = None
-    """cap on training steps (and validation batches) per epoch, >= 1; unset means all."""
+    """cap on training steps per epoch, >= 1; unset means all."""
+    val_windows: int | Literal["all"] | None = None
+    """validation windows scored each epoch, spread evenly over the part: a whole number >= 1,
+    or all; unset: as many as an epoch trains on, at least 4096 (NOTE [Scores in proportion])."""
+    test_windows: int | Literal["all"] | None = None
+    """test windows scored at the end, spread evenly over the part: a whole number >= 1, or
+    all; unset: 16384, the same windows for every run (NOTE [Scores in proportion])."""
     device: Device = "auto"
     """where to train: cpu, cuda, or auto (cuda when a GPU is present, else cpu)."""
     precision: Precision = "auto"
@@ -141,10 +147,12 @@ class TrainConfig(BaseModel):
         "horizon",
         "memory_check_every",
         "cpu_threads",
+        "val_windows",
+        "test_windows",
     )
     @classmethod
-    def _at_least_one(cls, value: int | None) -> int | None:
-        if value is not None and value < 1:
+    def _at_least_one(cls, value: Any) -> Any:
+        if isinstance(value, int) and value < 1:
             raise ValueError("must be at least 1")
         return value
 

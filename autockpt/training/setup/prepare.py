@@ -10,6 +10,7 @@ on to :mod:`autockpt.training.loop.train`.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -79,6 +80,8 @@ class Setup:
     host_tuning: HostTuning | None = None
     """What was set about the process before planning (``prepare(..., tune_host=True)`` on
     the CPU); the run logs it and puts the threads back when it ends."""
+    data_s: float = 0.0
+    """Seconds reading the data into windows (a row cache's build, where one was needed)."""
 
     @functools.cached_property
     def naive_forecasts(self) -> NaiveForecasts:
@@ -146,6 +149,7 @@ def prepare(
         raise ValueError("budget_of_plain is for a config without a budget")
     data_source, note = resolve_data_path(config)
     preset = get_preset(config.preset)
+    data_started = time.perf_counter()
     data, streamed = main_first(
         world,
         lambda: read_windows(
@@ -160,6 +164,7 @@ def prepare(
             runs_root=(config.out or default_run_dir(config)).parent,
         ),
     )
+    data_s = time.perf_counter() - data_started
     model_config = _model_config(preset, data, config, world, data_source)
     seed_everything(config.seed)
     model = TemporalFusionTransformer(model_config).to(device)
@@ -216,6 +221,7 @@ def prepare(
         world=world,
         parallelism=parallelism,
         host_tuning=host_tuning,
+        data_s=data_s,
     )
 
 
