@@ -1980,6 +1980,16 @@ MUTATIONS = (
         ("tests/training/test_scores_in_proportion.py",),
     ),
     Mutation(
+        "chunks-sized-from-the-whole-budget",
+        "a row cache's chunks are sized from the whole --max-host-memory, as if the process "
+        "held nothing: the build's passes go past the budget (NOTE [Chunks sized by what is "
+        "left])",
+        "tft/data/streamed/streamed_windows.py",
+        "    left = max(max_host_bytes - resident_bytes(), max_host_bytes // 4)\n",
+        "    left = max_host_bytes\n",
+        ("tests/tft/test_chunk_rows.py",),
+    ),
+    Mutation(
         "retried-step-draws-other-masks",
         "a step retried after running out of memory draws other random numbers (dropout "
         "masks) than the failed one",
