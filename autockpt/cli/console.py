@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO
 
@@ -71,12 +70,18 @@ def windows_progress(
         *Progress.get_default_columns()[:1], *columns, console=console, transient=True
     ) as bar:
         task = bar.add_task(description, total=None, rate="")
-        started = time.perf_counter()
 
-        def advance(done: int, total: int) -> None:
-            elapsed = time.perf_counter() - started
-            per_s = f"{done / elapsed:,.0f} windows/s" if elapsed > 0 else ""
-            bar.update(task, completed=done, total=total, description=description, rate=per_s)
+        def show(record: Mapping[str, Any]) -> None:
+            per_s = record["windows_per_s"]
+            bar.update(
+                task,
+                completed=record["done"],
+                total=record["total"],
+                description=description,
+                rate="" if per_s is None else f"{per_s:,.0f} windows/s",
+            )
+
+        advance = scoring_progress(description, show)
 
         with showing_progress(lambda text: bar.update(task, description=text, refresh=True)):
             yield advance

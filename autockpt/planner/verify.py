@@ -31,6 +31,7 @@ import torch
 from autockpt.planner.apply import apply
 from autockpt.planner.core.host_settings import forked_devices
 from autockpt.planner.core.memory_tracker import MemoryTracker, tensors_of
+from autockpt.planner.core.step_budget import allocator_slack
 from autockpt.planner.core.train_eval import training_mode
 from autockpt.planner.core.units import format_bytes
 from autockpt.planner.measure.fake_step import default_loss
@@ -214,7 +215,7 @@ def _measure(
             reserved + context,
             plan.predicted_peak_bytes,
             plan.budget_bytes,
-            slack=reserved / max(allocated, 1) - 1.0,
+            slack=allocator_slack(reserved, allocated),
         )
     with MemoryTracker(
         initial=[*tensors_of(model, optimizer), *example_inputs, *example_targets]

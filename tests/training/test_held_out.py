@@ -60,9 +60,11 @@ def test_a_split_without_test_windows_says_so(tmp_path: Path) -> None:
     assert split["test_from"] == "2024-01-22T21:59 UTC"
 
 
-def test_the_run_summary_shows_the_test_scores() -> None:
+def _summary_text(**fields: object) -> str:
+    """What the run's summary table shows for a run that scored 120 test windows, ``fields``
+    added or replaced."""
     stream = io.StringIO()
-    reporter = RichReporter(Console(file=stream, width=200))
+    reporter = RichReporter(Console(file=stream, width=300))
     reporter.start(num_epochs=1, first_epoch=0, steps_per_epoch=1)
     naive = {"no_change": {"loss": 0.5, "mae": 0.1, "rmse": 0.2}}
     summary = {
@@ -86,11 +88,33 @@ def test_the_run_summary_shows_the_test_scores() -> None:
             "windows": {"train": 2000, "validation": 500, "test": 120},
         },
     }
-    reporter.finish(summary)
-    text = stream.getvalue()
+    reporter.finish({**summary, **fields})
+    return stream.getvalue()
+
+
+def test_the_run_summary_shows_the_test_scores() -> None:
+    text = _summary_text()
     assert (
         "train 2,000 windows, validation 500 from 2024-01-15T00:00 UTC, test 120 from "
         "2024-01-19T00:00 UTC" in text
     )
     assert "test windows (best.pt)" in text and "120: loss 0.4000" in text
     assert "no change 0.5000/0.1/0.2  skill +20.0%" in text
+
+
+def test_the_run_summary_shows_how_many_windows_were_scored() -> None:
+    # NOTE [Scores in proportion], NOTE [The run's expected time]
+    times = {"data_s": 1.0, "train_s": 2.0, "validation_s": 3.0, "test_s": 4.0, "total_s": 10.0}
+    text = _summary_text(
+        test_windows=16380,
+        test_windows_of=9_000_000,
+        test_windows_spread=True,
+        test_loss_se=0.005,
+        val_windows=4096,
+        val_windows_of=120_000,
+        val_windows_spread=True,
+        run_time={"expected": times, "measured": {**times, "total_s": 12.0}},
+    )
+    assert "16,380 of 9,000,000, spread evenly: loss 0.4000 ± 0.0050" in text
+    assert "4,096 of 120,000, spread evenly each epoch" in text
+    assert "12 s (10 s expected)" in text

@@ -6,7 +6,6 @@ window; the summary says how many of how many; long waits report progress as JSO
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from pathlib import Path
@@ -179,45 +178,6 @@ def test_a_quiet_run_says_its_expected_time_its_waits_and_its_windows(
     assert lines and all(r["kind"] == "progress" for r in lines)
     assert lines[-1]["done"] == lines[-1]["total"] > 0 and lines[-1]["windows_per_s"] > 0
     assert not any(line.startswith("{") for line in captured.out.splitlines())
-
-
-def test_the_run_summary_shows_how_many_windows_were_scored() -> None:
-    from rich.console import Console
-
-    from autockpt.training.host.progress import RichReporter
-
-    stream = io.StringIO()
-    reporter = RichReporter(Console(file=stream, width=300))
-    reporter.start(num_epochs=1, first_epoch=0, steps_per_epoch=1)
-    times = {"data_s": 1.0, "train_s": 2.0, "validation_s": 3.0, "test_s": 4.0, "total_s": 10.0}
-    reporter.finish(
-        {
-            "run_dir": "runs/x",
-            "epochs_done": 1,
-            "stopped": "finished",
-            "global_step": 1,
-            "memory_measure": "tracked tensors",
-            "peak_bytes": None,
-            "mean_step_s": 0.1,
-            "test_windows": 16380,
-            "test_windows_of": 9_000_000,
-            "test_windows_spread": True,
-            "test_loss": 0.4,
-            "test_loss_se": 0.005,
-            "test_mae": 0.09,
-            "test_rmse": 0.19,
-            "test_naive": {"no_change": {"loss": 0.5, "mae": 0.1, "rmse": 0.2}},
-            "test_skill": 0.2,
-            "val_windows": 4096,
-            "val_windows_of": 120_000,
-            "val_windows_spread": True,
-            "run_time": {"expected": times, "measured": {**times, "total_s": 12.0}},
-        }
-    )
-    text = stream.getvalue()
-    assert "16,380 of 9,000,000, spread evenly: loss 0.4000 ± 0.0050" in text
-    assert "4,096 of 120,000, spread evenly each epoch" in text
-    assert "12 s (10 s expected)" in text
 
 
 def test_a_bad_window_count_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -97,9 +97,21 @@ def measured_context_bytes(device: torch.device) -> int:
     if index not in _MEASURED_CONTEXT:
         _warm_up_libraries(torch.device("cuda", index))
         torch.cuda.synchronize(index)
-        free, total = torch.cuda.mem_get_info(index)
-        _MEASURED_CONTEXT[index] = max(total - free - torch.cuda.memory_reserved(index), 0)
+        _MEASURED_CONTEXT[index] = context_beside_allocator(index)
     return _MEASURED_CONTEXT[index]
+
+
+def context_beside_allocator(device: torch.device | int) -> int:
+    """What the card shows beyond the caching allocator's blocks now: its total less its free
+    memory less what the allocator reserved (the context and the libraries' workspaces)."""
+    free, total = torch.cuda.mem_get_info(device)
+    return max(total - free - torch.cuda.memory_reserved(device), 0)
+
+
+def allocator_slack(reserved_bytes: int, allocated_bytes: int) -> float:
+    """The share the caching allocator reserved beyond what it allocated: a step's
+    ``max_memory_reserved`` over its ``max_memory_allocated``, less one."""
+    return reserved_bytes / max(allocated_bytes, 1) - 1.0
 
 
 def _warm_up_libraries(device: torch.device) -> None:

@@ -125,8 +125,8 @@ def scoring_rate(
     """Windows scored a second on ``dataset``'s windows at ``positions`` (every window: None),
     timed on one global batch of them, the second of two passes (NOTE [The run's expected
     time]); 0.0 where there is no window to score."""
-    chosen = np.arange(len(dataset)) if positions is None else positions
-    batch = chosen[: setup.global_batch_size]
+    size = setup.global_batch_size
+    batch = np.arange(min(len(dataset), size)) if positions is None else positions[:size]
     if len(batch) == 0:
         return 0.0
     seconds = 0.0

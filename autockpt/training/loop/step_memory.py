@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from autockpt import MemoryTracker, Parallelism, Plan, tensors_of
+from autockpt.planner.core.step_budget import allocator_slack, context_beside_allocator
 from autockpt.planner.measure.allocator_peak import allocator_count, resident_bytes
 
 #: Steps measured on the CPU after every plan and after every change of the batch's shapes.
@@ -189,12 +190,10 @@ class StepMemoryMeter:
     def _read_card(self, reserved_peak_bytes: int) -> None:
         """Keep the step's slack and, after the first step (the libraries' workspaces made),
         the context the card shows beyond the allocator's blocks."""
-        allocated = torch.cuda.max_memory_allocated(self.device)
-        slack = reserved_peak_bytes / max(allocated, 1) - 1.0
+        slack = allocator_slack(reserved_peak_bytes, torch.cuda.max_memory_allocated(self.device))
         self.slack = slack if self.slack is None else max(self.slack, slack)
         if self.context_bytes is None:
-            free, total = torch.cuda.mem_get_info(self.device)
-            self.context_bytes = max(total - free - torch.cuda.memory_reserved(self.device), 0)
+            self.context_bytes = context_beside_allocator(self.device)
 
 
 def cap_process_memory(device: torch.device, allocator_bytes: int) -> float | None:
