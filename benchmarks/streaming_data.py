@@ -1,16 +1,20 @@
 """Host memory and time to the first step of ``train`` (and of ``predict``) on files of bars
 larger than memory would allow, streamed from a row cache (NOTE [Row cache] in tft/data/streamed/row_cache.py).
 
-Each file is made like ``make-data`` makes one (6 symbols, 64 features), written a symbol at a
-time so that making it does not need the memory the benchmark is about. Every command runs in
-its own process; its peak resident memory is the kernel's count (``ru_maxrss``, which the
-process prints as it ends),
-its time to the first step is measured from the launch to the first step record on stdout.
+Each file is made like ``make-data`` makes one (6 symbols, 64 features; ``--contracts`` and
+``--features`` for others), written a symbol at a time so that making it does not need the
+memory the benchmark is about. Every command runs in its own process; its peak resident memory
+is the kernel's high-water mark (``VmHWM``, which the process prints as it ends), its time to
+the first step is measured from the launch to the first step record on stdout.
+A run goes to its end (validation and the test part scored, in proportion: NOTE [Scores in
+proportion]); ``--stop-at-last-step`` stops it at its last step record and reads the kernel's
+high-water mark there, for code whose end scores every test window (an hour at 60M bars).
 
     python3 benchmarks/streaming_data.py --days 250 750 --work /path/with/space
     python3 benchmarks/streaming_data.py --days 250 --in-memory   # the in-memory path too
     python3 benchmarks/streaming_data.py --days 2700 --predict-seconds 180
     python3 benchmarks/streaming_data.py --million-rows 10 60 150 --features 8 --remove
+    python3 benchmarks/streaming_data.py --million-rows 16.8 --contracts 40 --features 32
 
 Prints one markdown row per file and run: the cold run builds the cache, the warm run reuses it.
 """
@@ -37,14 +41,18 @@ FEATURES = 64
 STEPS = 100
 
 
-def make_file(path: Path, days: int, features: int = FEATURES) -> Path:
+def make_file(
+    path: Path, days: int, features: int = FEATURES, symbols: tuple[str, ...] = SYMBOLS
+) -> Path:
     """The make-data file of ``days`` days, one symbol at a time into one Parquet file."""
     if path.exists():
         return path
     partial = path.with_suffix(".partial")
     writer = None
-    for symbol in SYMBOLS:
-        table = generate_bars(days=days, num_features=features, symbols=[symbol], seed=0)
+    for seed, symbol in enumerate(symbols):
+        # One seed a contract past make-data's six, so that contracts differ.
+        seed = 0 if symbols == SYMBOLS else seed
+        table = generate_bars(days=days, num_features=features, symbols=[symbol], seed=seed)
         if writer is None:
             writer = pq.ParquetWriter(
                 partial,
@@ -62,24 +70,28 @@ def make_file(path: Path, days: int, features: int = FEATURES) -> Path:
 
 
 # The command line in a process that prints its own peak resident memory when it ends (also
-# long_history.py).
+# long_history.py). The peak is the kernel's high-water mark of the process's own memory
+# (VmHWM): ru_maxrss is not, on Linux it keeps the parent's high-water mark across fork and
+# exec, so a run launched by this script after it made a large file reported the making's peak.
 MEASURED_CLI = (
-    "import json, resource, sys\n"
+    "import json, sys\n"
+    "from pathlib import Path\n"
     "from autockpt.cli import main\n"
     "code = main(sys.argv[1:])\n"
-    "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+    "status = Path('/proc/self/status').read_text().splitlines()\n"
+    "peak = next(int(line.split()[1]) for line in status if line.startswith('VmHWM:'))\n"
     "print(json.dumps({'kind': 'rusage', 'peak_kib': peak}), flush=True)\n"
     "sys.exit(code)\n"
 )
 
 
-def run(command: list[str]) -> dict[str, float | None]:
-    """Wall time to the first step record (when there is one) and to the last, peak resident.
+def run(command: list[str], stop_at_last_step: bool = False) -> dict[str, float | None]:
+    """Wall time to the first step record (when there is one), to the last and to the end;
+    the peak resident memory of the whole run (``VmHWM``, which the process prints).
 
-    The run is stopped at its last step record: what follows (the test windows scored at the
-    end, every one of them: an hour at 60M bars on 2 cores) reads windows in order and holds
-    no more than the steps did. The peak is the kernel's high-water mark (``VmHWM``) read just
-    before, or ``ru_maxrss`` where the run ends by itself first.
+    With ``stop_at_last_step`` the run is stopped at its last step record and the peak is the
+    kernel's high-water mark (``VmHWM``) read just before: for code whose end scores every
+    test window (an hour at 60M bars on 2 cores).
     """
     started = time.perf_counter()
     first_step = last_step = None
@@ -100,18 +112,21 @@ def run(command: list[str]) -> dict[str, float | None]:
                 steps.append(record["step_s"])
                 if len(steps) == STEPS:
                     last_step = time.perf_counter() - started
-                    peak_kib = _high_water_kib(status)
-                    process.kill()
-                    break
+                    if stop_at_last_step:
+                        peak_kib = _high_water_kib(status)
+                        process.kill()
+                        break
             if record.get("kind") == "rusage":
                 peak_kib = int(record["peak_kib"])
         process.wait()
-    if last_step is None and process.returncode != 0:
+    ended = time.perf_counter() - started
+    if not stop_at_last_step and process.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed with {process.returncode}")
     step_time = sum(steps) + sum(waits)
     return {
         "first_step_s": first_step,
-        "total_s": last_step or time.perf_counter() - started,
+        "last_step_s": last_step,
+        "end_s": None if stop_at_last_step else ended,
         "peak_gib": peak_kib / 2**20,
         "data_wait_share": sum(waits) / step_time if step_time else None,
         # The first batch waits for the epoch's first draw (NOTE [Prefetching batches]).
@@ -140,6 +155,17 @@ def main() -> None:
     )
     parser.add_argument("--features", type=int, default=FEATURES, help="feature columns")
     parser.add_argument(
+        "--contracts",
+        type=int,
+        default=len(SYMBOLS),
+        help="contracts in each file (make-data's six, or C00, C01, ... for another count)",
+    )
+    parser.add_argument(
+        "--stop-at-last-step",
+        action="store_true",
+        help="stop each run at its last step (for code whose end scores every test window)",
+    )
+    parser.add_argument(
         "--remove",
         action="store_true",
         help="delete each file, its row cache and its runs once measured (the largest need "
@@ -162,15 +188,19 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="streaming-"))
     work.mkdir(parents=True, exist_ok=True)
     print(
-        "| file | rows x columns | run | peak resident | time to the first step | end | "
-        "data wait: all steps | first batch | later steps |"
+        "| file | rows x columns | run | peak resident | time to the first step | to the last "
+        "step | end | data wait: all steps | first batch | later steps |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    symbols = SYMBOLS
+    if args.contracts != len(SYMBOLS):
+        symbols = tuple(f"C{index:02d}" for index in range(args.contracts))
     if args.million_rows:
-        args.days = [round(m * 1e6 / (len(SYMBOLS) * 1380)) for m in args.million_rows]
+        args.days = [round(m * 1e6 / (len(symbols) * 1380)) for m in args.million_rows]
     for days in sorted(args.days):
         made = time.perf_counter()
-        path = make_file(work / f"bars-{days}d-{args.features}f.parquet", days, args.features)
+        name = f"bars-{days}d-{args.features}f-{len(symbols)}c.parquet"
+        path = make_file(work / name, days, args.features, symbols)
         made_s = time.perf_counter() - made
         meta = pq.ParquetFile(path).metadata
         size = f"{path.stat().st_size / 1e9:.2f} GB"
@@ -185,11 +215,14 @@ def main() -> None:
         for label, name in runs:
             limit = "1000GB" if name == "memory" else args.max_host_memory
             out = work / "runs" / f"{days}d-{name}"
-            result = run([*train, "--out", str(out), "--max-host-memory", limit])
+            shutil.rmtree(out, ignore_errors=True)  # a run of an earlier invocation
+            command = [*train, "--out", str(out), "--max-host-memory", limit]
+            result = run(command, args.stop_at_last_step)
             wait = result["data_wait_share"]
+            end = "" if result["end_s"] is None else f"{result['end_s']:.1f} s"
             print(
                 f"| {size} | {shape} | train, {label} | {result['peak_gib']:.2f} GiB | "
-                f"{result['first_step_s']:.1f} s | {result['total_s']:.1f} s | "
+                f"{result['first_step_s']:.1f} s | {result['last_step_s']:.1f} s | {end} | "
                 f"{'' if wait is None else f'{wait:.1%}'} | {result['first_wait_s']:.2f} s | "
                 f"{result['later_wait_share']:.2%} |",
                 flush=True,
@@ -200,7 +233,7 @@ def main() -> None:
             command = ["predict", str(run_dir), str(path), "-o", str(forecasts)]
             peak_gib, finished = run_bounded(command, args.predict_seconds)
             how = "every window" if finished else f"its first {args.predict_seconds} s"
-            print(f"| {size} | {shape} | predict, {how} | {peak_gib:.2f} GiB |  |  |  |  |  |")
+            print(f"| {size} | {shape} | predict, {how} | {peak_gib:.2f} GiB |  |  |  |  |  |  |")
         if args.remove:
             path.unlink()
             shutil.rmtree(work / "runs", ignore_errors=True)
@@ -214,7 +247,10 @@ def run_bounded(command: list[str], seconds: float) -> tuple[float, bool]:
     the peak of the first minutes, read from the kernel's high-water mark, is the run's.
     """
     process = subprocess.Popen(
-        [sys.executable, "-m", "autockpt", *command], stdout=subprocess.DEVNULL
+        # Its progress lines (stderr, off a terminal) are not the table's.
+        [sys.executable, "-m", "autockpt", *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     status = Path(f"/proc/{process.pid}/status")
     peak_kib = 0

@@ -1980,6 +1980,15 @@ MUTATIONS = (
         ("tests/training/test_scores_in_proportion.py",),
     ),
     Mutation(
+        "progress-rate-counts-the-wait-before",
+        "a scoring's rate counts the wait before its first batch (predict's row cache build): "
+        "the time left it says is many times the scoring's own",
+        "autockpt/training/host/progress.py",
+        "        if since > 0 and done_since > 0:\n",
+        "        if False:\n",
+        ("tests/training/test_scores_in_proportion.py",),
+    ),
+    Mutation(
         "chunks-sized-from-the-whole-budget",
         "a row cache's chunks are sized from the whole --max-host-memory, as if the process "
         "held nothing: the build's passes go past the budget (NOTE [Chunks sized by what is "

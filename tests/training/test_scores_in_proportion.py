@@ -141,6 +141,21 @@ def test_progress_lines_come_every_few_seconds_and_at_the_end() -> None:
     assert written[0]["left_s"] == pytest.approx((6400 - 64) / 640.0)
 
 
+def test_the_rate_leaves_out_the_wait_before_the_first_batch() -> None:
+    """predict's first window waits for a row cache's build: a rate counted from the start
+    would put the time left at many times the scoring's own."""
+    now = [0.0]
+    written: list[dict] = []
+    advance = scoring_progress("predict", written.append, clock=lambda: now[0])
+    now[0] = 60.0  # a minute's build, then a batch of 64 windows every 0.1 s
+    for batch in range(1, 11):
+        now[0] = 60.0 + batch * 0.1
+        advance(batch * 64, 1000 * 64)
+    assert written[-1]["windows_per_s"] == pytest.approx(640.0)
+    assert written[-1]["left_s"] == pytest.approx((1000 - 10) * 64 / 640.0)
+    assert written[-1]["elapsed_s"] == pytest.approx(61.0)
+
+
 def test_a_quiet_run_says_its_expected_time_its_waits_and_its_windows(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

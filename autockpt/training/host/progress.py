@@ -54,12 +54,25 @@ def scoring_progress(
     """The ``(windows done, windows in all)`` callback of a scoring loop (validation, the test
     windows, ``predict``, ``interpret``) that hands ``report`` a progress record after each
     batch: ``{"kind": "progress", "what", "done", "total", "windows_per_s", "left_s",
-    "elapsed_s"}``, the rate and time left from the windows done so far."""
+    "elapsed_s"}``, the rate and time left from the windows done so far.
+
+    The rate is counted from the first batch on: what comes before it (a row cache's build
+    before ``predict``'s first window, the reader's start) is paid once, and a rate that counted
+    it would put the time left too high for the whole wait. The first record, with nothing
+    after a batch to count, takes its rate from the start."""
     started = clock()
+    first: tuple[float, int] | None = None  # (when, windows done) at the first batch
 
     def advance(done: int, total: int) -> None:
-        elapsed = clock() - started
-        rate = done / elapsed if elapsed > 0 else None
+        nonlocal first
+        now = clock()
+        if first is None:
+            first = (now, done)
+        since, done_since = now - first[0], done - first[1]
+        if since > 0 and done_since > 0:
+            rate: float | None = done_since / since
+        else:
+            rate = done / (now - started) if now > started else None
         report(
             {
                 "kind": "progress",
@@ -68,7 +81,7 @@ def scoring_progress(
                 "total": total,
                 "windows_per_s": rate,
                 "left_s": (total - done) / rate if rate else None,
-                "elapsed_s": elapsed,
+                "elapsed_s": now - started,
             }
         )
 
