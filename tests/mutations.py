@@ -1989,6 +1989,15 @@ MUTATIONS = (
         ("tests/training/test_scores_in_proportion.py",),
     ),
     Mutation(
+        "decoded-option-loses-its-chunks",
+        "decoding a chain option drops its chunks: a plan chosen and measured in chunks runs "
+        "each region whole",
+        "autockpt/planner/solve/chain_decoding.py",
+        "        chunks = option.action.num_chunks\n",
+        "        chunks = 1\n",
+        ("tests/planner/test_plan.py",),
+    ),
+    Mutation(
         "chunks-sized-from-the-whole-budget",
         "a row cache's chunks are sized from the whole --max-host-memory, as if the process "
         "held nothing: the build's passes go past the budget (NOTE [Chunks sized by what is "

@@ -21,7 +21,13 @@ and actions by :mod:`autockpt.planner.solve.chain_decoding`.
 
 from __future__ import annotations
 
-from autockpt.planner.core.decisions import SELECTIVE
+from autockpt.planner.core.decisions import (
+    KEEP_OPTION,
+    RECOMPUTE_OPTION,
+    REGION_OPTION,
+    SELECTIVE_OPTION,
+    OptionAction,
+)
 from autockpt.planner.measure.separability import Separability
 from autockpt.planner.solve.chain_positions import ChainPositions, Profiles
 from autockpt.planner.solve.chain_solver import Chain, Option
@@ -129,19 +135,19 @@ class ChainBuilder:
             pieces=num_micro_batches,
             input_batch_dims=self.positions.batch_dims(index, index + 1, separability),
         )
-        cost_s = self.pricing.cost_s(cost, num_micro_batches, index, "recompute")
-        segment_options = [option_at("keep", k_terms, index, 0.0)]
+        cost_s = self.pricing.cost_s(cost, num_micro_batches, index, RECOMPUTE_OPTION)
+        segment_options = [option_at(KEEP_OPTION, k_terms, index, 0.0)]
         # One with a keep reason is kept whatever the budget (NOTE [In-place writes]).
         recomputable = not segment.keep_reason
         if recomputable and r_terms is not None:
-            segment_options.append(option_at("recompute", r_terms, index, cost_s))
+            segment_options.append(option_at(RECOMPUTE_OPTION, r_terms, index, cost_s))
         elif recomputable and g_terms and (own := self.positions.own_region(index)) is not None:
             # A region of one segment: the region profile recomputed it on its own.
-            segment_options.append(option_at("recompute", g_terms, own, cost_s))
+            segment_options.append(option_at(RECOMPUTE_OPTION, g_terms, own, cost_s))
         if s_terms is not None and index in self.selective:
             cost = self.costs.recompute_s(index, index + 1, selective=True)
-            cost_s = self.pricing.cost_s(cost, num_micro_batches, index, SELECTIVE)
-            segment_options.append(option_at(SELECTIVE, s_terms, index, cost_s))
+            cost_s = self.pricing.cost_s(cost, num_micro_batches, index, SELECTIVE_OPTION)
+            segment_options.append(option_at(SELECTIVE_OPTION, s_terms, index, cost_s))
         if (
             isinstance(self.traced, ModuleChain)
             and recomputable
@@ -172,8 +178,9 @@ class ChainBuilder:
         if self.traced.unit_segments[unit].keep_reason:
             return []
         cost = self.costs.recompute_s(index, end, pieces=num_micro_batches)
-        cost_s = self.pricing.cost_s(cost, num_micro_batches, index, "recompute", end - index)
-        return [option_at("recompute", terms, unit, cost_s, span=end - index)]
+        span = end - index
+        cost_s = self.pricing.cost_s(cost, num_micro_batches, index, RECOMPUTE_OPTION, span)
+        return [option_at(RECOMPUTE_OPTION, terms, unit, cost_s, span=span)]
 
     def _region_options(
         self,
@@ -188,8 +195,8 @@ class ChainBuilder:
         span = end - index
         dims = self.positions.batch_dims(index, end, separability)
         cost = self.costs.recompute_s(index, end, pieces=num_micro_batches, input_batch_dims=dims)
-        cost_s = self.pricing.cost_s(cost, num_micro_batches, index, "recompute region", span)
-        whole = option_at("recompute region", terms, region, cost_s, span=span)
+        cost_s = self.pricing.cost_s(cost, num_micro_batches, index, REGION_OPTION, span)
+        whole = option_at(REGION_OPTION, terms, region, cost_s, span=span)
         options = [whole] if span > 1 else []
         if isinstance(self.traced, ModuleChain):
             return options  # a span never runs in chunks
@@ -223,17 +230,19 @@ class ChainBuilder:
             # Interiors shrink with the chunk; the boundary and its gradients do not.
             forward = boundary + max(whole.forward_bytes - boundary, 0) / chunks
             backward = 2 * boundary + max(whole.backward_bytes - 2 * boundary, 0) / chunks
-            label = f"recompute region in {chunks} chunks"
+            action = OptionAction(recompute=True, num_chunks=chunks, region=True)
             cost = self.costs.recompute_s(
                 index, end, chunks=chunks, pieces=num_micro_batches, input_batch_dims=dims
             )
             options.append(
                 Option(
-                    label=label,
+                    action=action,
                     kept_bytes=whole.kept_bytes,
                     forward_bytes=int(forward),
                     backward_bytes=int(backward),
-                    extra_s=self.pricing.cost_s(cost, num_micro_batches, index, label, end - index),
+                    extra_s=self.pricing.cost_s(
+                        cost, num_micro_batches, index, action, end - index
+                    ),
                     span=end - index,
                 )
             )

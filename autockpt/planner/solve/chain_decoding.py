@@ -3,20 +3,17 @@ spans them) and each one's action; and what planning chose in the end, for the r
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch.fx as fx
 
-from autockpt.planner.core.decisions import KEEP, SELECTIVE, SegmentAction
+from autockpt.planner.core.decisions import KEEP, SegmentAction
 from autockpt.planner.measure.separability import Separability
 from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.solve.chain_positions import ChainPositions, Profiles
 from autockpt.planner.solve.chain_solver import Chain, Solution
 from autockpt.planner.trace.fx_graph import Segment, TracedModel, segments_from_node_lists
 from autockpt.planner.trace.module_chain import ModuleChain, module_segments
-
-_CHUNKS = re.compile(r"in (\d+) chunks$")
 
 
 @dataclass(frozen=True)
@@ -59,7 +56,7 @@ def decode(
         option = chain.options[position][solution.choice[position]]
         end = position + option.span
         node_lists.append(tuple(n for s in traced.segments[position:end] for n in s.node_names))
-        chunks = int(match.group(1)) if (match := _CHUNKS.search(option.label)) else 1
+        chunks = option.action.num_chunks
         input_dims: tuple[int | None, ...] = ()
         output_dims: tuple[int, ...] = ()
         if chunks > 1:
@@ -69,11 +66,11 @@ def decode(
             output_dims = separability.output_batch_dims[probed]
         actions.append(
             SegmentAction(
-                recompute=option.label != "keep",
+                recompute=option.action.recompute,
                 num_chunks=chunks,
                 input_batch_dims=input_dims,
                 output_batch_dims=output_dims,
-                selective=option.label == SELECTIVE,
+                selective=option.action.selective,
             )
         )
         reasons.append(option.label)

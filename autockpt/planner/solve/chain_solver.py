@@ -40,6 +40,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autockpt.planner.core.decisions import OptionAction
+
 MAX_FRONTIER = 4096
 
 
@@ -48,7 +50,8 @@ class Option:
     """One way to run a segment, in the units of NOTE [Chain memory model].
 
     Attributes:
-        label: what it is ("keep", "recompute", "recompute in 4 chunks").
+        action: what it does to the positions it covers (its ``label`` is what the plan
+            shows).
         kept_bytes: bytes it leaves alive for backward (added to every later ``S``).
         forward_bytes: peak above ``S_i`` during its forward.
         backward_bytes: peak above ``S_i`` during its backward.
@@ -57,12 +60,17 @@ class Option:
             one unit covers several; the positions it covers get no option of their own).
     """
 
-    label: str
+    action: OptionAction
     kept_bytes: int
     forward_bytes: int
     backward_bytes: int
     extra_s: float
     span: int = 1
+
+    @property
+    def label(self) -> str:
+        """What the plan's table says for it (``recompute region in 4 chunks``)."""
+        return self.action.label
 
     @property
     def local_bytes(self) -> int:

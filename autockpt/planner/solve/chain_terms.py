@@ -9,6 +9,7 @@ half of it, and say which micro-batch counts there are and how large their piece
 
 from __future__ import annotations
 
+from autockpt.planner.core.decisions import OptionAction
 from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.solve.chain_solver import Option
 
@@ -80,10 +81,15 @@ def extrapolate(
 
 
 def option_at(
-    label: str, terms: dict[str, list[float]], index: int, extra_s: float, *, span: int = 1
+    action: OptionAction,
+    terms: dict[str, list[float]],
+    index: int,
+    extra_s: float,
+    *,
+    span: int = 1,
 ) -> Option:
     return Option(
-        label=label,
+        action=action,
         kept_bytes=int(terms["kept"][index]),
         forward_bytes=int(terms["forward"][index]),
         backward_bytes=int(terms["backward"][index]),

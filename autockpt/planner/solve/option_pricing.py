@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from autockpt.planner.core.decisions import SegmentAction
+from autockpt.planner.core.decisions import OptionAction, SegmentAction
 from autockpt.planner.solve.chain_decoding import Decision
 from autockpt.planner.solve.chain_solver import Chain, Solution
 from autockpt.planner.timing.time_model import Cost, StepCosts, timed_s
@@ -21,8 +21,8 @@ class OptionPricing:
 
     def __init__(self, costs: StepCosts) -> None:
         self.costs = costs
-        # What each estimated option's cost waits on, by (pieces, position, label, span).
-        self._timings: dict[tuple[int, int, str, int], Hashable] = {}
+        # What each estimated option's cost waits on, by (pieces, position, action, span).
+        self._timings: dict[tuple[int, int, OptionAction, int], Hashable] = {}
 
     def micro_batch_s(self, num_micro_batches: int) -> float:
         """Seconds that splitting the step into ``num_micro_batches`` adds, as known now."""
@@ -38,14 +38,16 @@ class OptionPricing:
         for position, index in enumerate(solution.choice):
             if index >= 0:
                 option = chain.options[position][index]
-                key = (num_micro_batches, position, option.label, option.span)
+                key = (num_micro_batches, position, option.action, option.span)
                 wanted.append(self._timings.get(key))
         return self.costs.take([timing for timing in wanted if timing is not None])
 
-    def cost_s(self, cost: Cost, pieces: int, position: int, label: str, span: int = 1) -> float:
+    def cost_s(
+        self, cost: Cost, pieces: int, position: int, action: OptionAction, span: int = 1
+    ) -> float:
         """``cost``'s seconds, remembering what timing would replace them (NOTE [Timed options])."""
         if cost.timing is not None:
-            self._timings[(pieces, position, label, span)] = cost.timing
+            self._timings[(pieces, position, action, span)] = cost.timing
         return cost.seconds
 
 

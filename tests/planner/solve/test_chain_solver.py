@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import autockpt.planner.solve.chain_solver
+from autockpt.planner.core.decisions import KEEP_OPTION, RECOMPUTE_OPTION, OptionAction
 from autockpt.planner.solve.chain_solver import (
     Chain,
     Option,
@@ -27,7 +28,7 @@ extra_seconds = st.one_of(
 )
 options = st.builds(
     Option,
-    label=st.just("option"),
+    action=st.just(KEEP_OPTION),
     kept_bytes=byte_counts,
     forward_bytes=byte_counts,
     backward_bytes=byte_counts,
@@ -117,8 +118,10 @@ def test_budget_above_the_unplanned_peak_recomputes_nothing(chain: Chain, slack_
 def keep_or_recompute(recompute_s: float) -> tuple[Option, Option]:
     """Keep 20 bytes of activations, or keep a 2-byte boundary and pay ``recompute_s``."""
     return (
-        Option("keep", kept_bytes=20, forward_bytes=20, backward_bytes=25, extra_s=0.0),
-        Option("recompute", kept_bytes=2, forward_bytes=20, backward_bytes=25, extra_s=recompute_s),
+        Option(KEEP_OPTION, kept_bytes=20, forward_bytes=20, backward_bytes=25, extra_s=0.0),
+        Option(
+            RECOMPUTE_OPTION, kept_bytes=2, forward_bytes=20, backward_bytes=25, extra_s=recompute_s
+        ),
     )
 
 
@@ -159,7 +162,7 @@ def test_three_segment_chain_below_its_minimum() -> None:
 
 
 def test_fixed_peak_and_loss_bound_every_choice() -> None:
-    free = Option("free", kept_bytes=0, forward_bytes=0, backward_bytes=0, extra_s=0.0)
+    free = Option(KEEP_OPTION, kept_bytes=0, forward_bytes=0, backward_bytes=0, extra_s=0.0)
     optimizer_bound = Chain(start_bytes=0, options=((free,),), fixed_peak_bytes=100)
     assert solve(optimizer_bound, 99) is None
     assert solve(optimizer_bound, 100) == Solution((0,), 100, 0.0)
@@ -175,7 +178,7 @@ WIDE_CHAIN = Chain(
     options=tuple(
         tuple(
             Option(
-                f"keep {kept}",
+                OptionAction(recompute=kept < 3, num_chunks=1 + kept),
                 kept_bytes=kept * (3 + segment),
                 forward_bytes=10,
                 backward_bytes=12 + segment,
@@ -276,3 +279,16 @@ def test_solve_matches_brute_force_with_spanning_options(chain: Chain, budget_by
     assert evaluate(chain, got.choice).peak_bytes <= budget_bytes
     assert math.isclose(got.extra_s, min(s.extra_s for s in fitting), abs_tol=1e-9)
     assert minimum_peak(chain).peak_bytes == min(s.peak_bytes for s in spanning_solutions(chain))
+
+
+def test_an_options_label_names_its_action() -> None:
+    """The plan's table shows each segment's option by its action's label; decoding reads the
+    action itself (NOTE: no label is parsed back)."""
+    assert KEEP_OPTION.label == "keep"
+    assert RECOMPUTE_OPTION.label == "recompute"
+    assert OptionAction(recompute=True, selective=True).label == "recompute cheap ops"
+    assert OptionAction(recompute=True, region=True).label == "recompute region"
+    chunked = OptionAction(recompute=True, num_chunks=4, region=True)
+    assert chunked.label == "recompute region in 4 chunks"
+    option = Option(chunked, kept_bytes=1, forward_bytes=2, backward_bytes=3, extra_s=0.0)
+    assert option.label == chunked.label and option.action.num_chunks == 4
