@@ -16,11 +16,13 @@ that number plans. Choices the chain model puts at one lowest peak can measure f
 each micro-batch count's are measured, not only the cheapest of them
 (:func:`~autockpt.planner.solve.chain_solver.lowest_peak_choices`): otherwise which one was
 measured followed the segments' times, and a refusal named 550 KiB on one run and 488 KiB on
-another, both at budgets 488 KiB would meet. Where every option was searched, the plan
-measures its minimum the same way (:meth:`~autockpt.planner.solve.budget_search.BudgetSearch.measured_minimum_bytes`),
-only the micro-batch counts whose estimate is within reach of the lowest measured, so the
-plan's line and a refusal name one number (the sample: 3.46 MiB in both; the line gave the
-chain model's 3.50 MiB before).
+another, both at budgets 488 KiB would meet. The plan measures its minimum the same way
+(:meth:`~autockpt.planner.solve.budget_search.BudgetSearch.measured_minimum_bytes`), over the
+options it examined, only the micro-batch counts whose estimate is within reach of the lowest
+measured, so the plan's line and a refusal name one number (the sample: 3.46 MiB in both; the
+line gave the chain model's 3.50 MiB before). A search that stopped early measures its minimum
+too: it named the chain model's estimate, which can be under the measured peak (a 4-block MLP
+in bf16: 25.10 MiB named, 27.84 MiB measured, and planning at 25.10 MiB was refused).
 
 NOTE [The plan as text]
 ``print(plan)`` and a notebook's display of a plan give the table ``autockpt plan`` prints, not

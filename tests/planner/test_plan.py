@@ -380,6 +380,34 @@ def test_a_refusal_names_one_minimum_whatever_the_budget_and_it_plans(fixed_time
     assert tight.minimum_feasible_bytes == minimum
 
 
+def test_a_plans_minimum_is_met_where_its_search_stopped_early(fixed_time_model, monkeypatch):
+    """NOTE [One minimum]: a search that stops at the first stage that fits (recompute and
+    chunks here) named the chain model's estimate of that stage's minimum, 25.10 MiB on this
+    MLP, where the lowest such plan measures 27.84 MiB: planning at the minimum it named was
+    refused. Its minimum is measured now, and planning there succeeds."""
+    import autockpt.planner.solve.staged_search as staged_search
+
+    monkeypatch.setattr(staged_search, "WIDEN_PAST_SHARE", float("inf"))  # stop at a fit
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)) for _ in "abcd"]
+    model = nn.Sequential(*blocks, nn.Linear(256, 10))
+    inputs, labels = (torch.randn(1024, 256),), torch.randint(0, 10, (1024,))
+    options = {
+        "loss_fn": nn.CrossEntropyLoss(),
+        "example_targets": (labels,),
+        "optimizer": "sgd",
+        "autocast_dtype": torch.bfloat16,
+    }
+    roomy = autockpt.plan(model, inputs, 10**12, **options)
+    recompute_alone = autockpt.plan(model, inputs, roomy.unplanned_peak_bytes * 3 // 4, **options)
+    assert recompute_alone.minimum_searched == "recompute alone"
+    budget = recompute_alone.minimum_feasible_bytes - 1024  # recompute alone cannot meet it
+    stopped = autockpt.plan(model, inputs, budget, **options)
+    assert stopped.minimum_searched == "recompute and chunks"
+    at_minimum = autockpt.plan(model, inputs, stopped.minimum_feasible_bytes, **options)
+    assert at_minimum.fits
+
+
 def test_a_plan_says_which_options_its_minimum_covers():
     """NOTE [One minimum]: at a large budget the search stops at plain recompute and says so;
     at a budget recompute cannot meet it examines every option, and its minimum is lower."""

@@ -214,8 +214,8 @@ class BudgetSearch:
         return min(minimum_peak(chain).peak_bytes for _, chain in self.chains())
 
     def measured_minimum_bytes(self) -> int:
-        """The lowest peak measured, as a refusal finds it (NOTE [One minimum]), for a plan
-        whose search examined every option: each micro-batch count's lowest-peak choices in
+        """The lowest peak measured, as a refusal finds it (NOTE [One minimum]), over the
+        options the search examined so far: each micro-batch count's lowest-peak choices in
         the order of the chain model's estimate, until the next estimate is past the lowest
         measured by more than the model misses by (its estimates run under the measured
         peaks), so a few steps on fake tensors, not two a count."""

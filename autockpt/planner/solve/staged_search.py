@@ -131,16 +131,13 @@ class StagedSearch:
                 f"micro-batches: the loss is the {reduction} of the samples' losses; run steps "
                 f'with training_step(..., loss_reduction="{reduction}")'
             )
-        # NOTE [One minimum]: where every option was examined, the minimum is measured as a
-        # refusal's is, so the plan's line and a refusal name one number.
-        every_option = self.stages_reached == len(MINIMUM_SEARCHED)
+        # NOTE [One minimum]: the minimum of the options examined is measured as a refusal's
+        # is: the chain model's estimate can be under it, and a budget it named was refused.
         return ChosenPlan(
             decision=decision,
             profile=profile,
             whole=search.whole,
-            minimum_peak_bytes=search.measured_minimum_bytes()
-            if every_option
-            else search.minimum_peak_bytes(),
+            minimum_peak_bytes=search.measured_minimum_bytes(),
             timed_extra_s=timed.extra_s if timed is not None else None,
             timed_plain_s=timed.plain_s if timed is not None else None,
             minimum_searched=MINIMUM_SEARCHED[self.stages_reached - 1],
