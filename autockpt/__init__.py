@@ -25,8 +25,8 @@ from autockpt.planner.core.decisions import Parallelism
 from autockpt.planner.core.memory_tracker import MemoryTracker, tensors_of
 from autockpt.planner.core.units import Budget, format_bytes, parse_budget
 from autockpt.planner.entry import plan
-from autockpt.planner.measure.step_profile import OptimizerFactory
 from autockpt.planner.plan_types import PeakBreakdown, Plan, SegmentPlan
+from autockpt.planner.simulate.step_profile import OptimizerFactory
 from autockpt.planner.training_step import training_step
 from autockpt.shape_planner import ShapePlanner
 

@@ -1999,6 +1999,51 @@ MUTATIONS = (
         ("tests/planner/test_plan.py",),
     ),
     Mutation(
+        "simulated-saved-tensor-never-released",
+        "a segment recomputed is simulated as keeping what its forward saved for backward: "
+        "recompute saves nothing in the chain's profiles, and the planner recomputes less",
+        "autockpt/planner/simulate/recompute_simulation.py",
+        "            add(*absent[index], -stored.size_bytes)\n",
+        "            add(*absent[index], 0)\n",
+        ("tests/planner/simulate/test_recompute_simulation.py",),
+    ),
+    Mutation(
+        "simulated-rerun-left-out",
+        "a recomputed segment's backward is simulated without the rerun of its forward: its "
+        "backward peak reads low, and the chain offers plans that do not fit",
+        "autockpt/planner/simulate/recompute_simulation.py",
+        "        reruns[position] = (backward_first, max(accumulate(rerun), default=0))\n",
+        "        reruns[position] = (backward_first, 0)\n",
+        ("tests/planner/simulate/test_recompute_simulation.py",),
+    ),
+    Mutation(
+        "simulated-cast-weights-released-early",
+        "under autocast a weight's cast is simulated as freed after its last read, while "
+        "autocast's cache holds it to the end of the loss",
+        "autockpt/planner/simulate/recompute_simulation.py",
+        "            read = backward_start if stored.cast_weight else stored.last_read + 1\n",
+        "            read = stored.last_read + 1\n",
+        ("tests/planner/simulate/test_recompute_simulation.py",),
+    ),
+    Mutation(
+        "simulated-checkpoint-inputs-not-held",
+        "a recomputed segment's inputs are simulated as freed when the kept step frees them, "
+        "while the checkpoint holds them until its backward",
+        "autockpt/planner/simulate/recompute_simulation.py",
+        "        add(freed, until, record.storages[index].size_bytes)\n",
+        "        add(freed, until, 0)\n",
+        ("tests/planner/simulate/test_recompute_simulation.py",),
+    ),
+    Mutation(
+        "in-place-writes-simulated",
+        "a segment that writes in place into another segment's storage is simulated as if "
+        "it did not (aliasing the simulation does not model)",
+        "autockpt/planner/simulate/step_record.py",
+        "                    self.record.unsure |= {self._segment, *written}\n",
+        "                    self.record.unsure |= set()\n",
+        ("tests/planner/simulate/test_recompute_simulation.py",),
+    ),
+    Mutation(
         "chunks-sized-from-the-whole-budget",
         "a row cache's chunks are sized from the whole --max-host-memory, as if the process "
         "held nothing: the build's passes go past the budget (NOTE [Chunks sized by what is "

@@ -25,7 +25,7 @@ MAX_MODULE_LINES = 460
 PLANNER = "autockpt.planner"
 #: The planner's stage sub-packages, in the order they may import one another: each imports
 #: only those before it, and none imports the planner's top (which imports them all).
-STAGES = ("core", "trace", "runtime", "measure", "timing", "solve")
+STAGES = ("core", "trace", "runtime", "simulate", "measure", "timing", "solve")
 #: Modules at the planner's top: what a user imports (plan(), the Plan types, apply,
 #: training_step, verification), planning's pipeline and the compiled search (which, like
 #: verification, runs real steps of the applied plan).

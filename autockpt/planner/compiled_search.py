@@ -65,9 +65,9 @@ from autockpt.planner.core.units import format_bytes
 from autockpt.planner.measure.allocator_peak import allocator_peak_bytes, resident_bytes
 from autockpt.planner.measure.fake_step import default_loss
 from autockpt.planner.measure.optimizers import give_state, make_optimizer
-from autockpt.planner.measure.step_profile import OptimizerSpec
 from autockpt.planner.plan_types import PeakBreakdown, Plan, SegmentPlan
 from autockpt.planner.runtime.compiled_backend import compile_in_place
+from autockpt.planner.simulate.step_profile import OptimizerSpec
 from autockpt.planner.solve.whole_plan_timing import times_in_rounds
 from autockpt.planner.training_step import training_step
 from autockpt.progress import report_progress

@@ -45,9 +45,9 @@ from autockpt.planner.measure.sharding import (
     parameter_layouts,
     rank_share,
 )
-from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.pipeline import PlanRequest
 from autockpt.planner.plan_types import BatchLeaves, Plan
+from autockpt.planner.simulate.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.trace.module_chain import Tracing
 from autockpt.planner.verify import REPLANNING, verify_plan
 from autockpt.progress import (

@@ -11,7 +11,8 @@ NOTE [Planning]
    fits (the fastest: on the CPU the options the solver is about to choose are timed on the real
    model first, NOTE [Timed options] in :mod:`autockpt.planner.timing.time_model`):
    a. plain recompute, segment by segment: a step with every segment recomputed gives each segment's
-      second option (NOTE [Chain memory model]). Skipped when the kept step already shows no such
+      second option (NOTE [Chain memory model]); worked out from the kept step's record where
+      the simulation models every segment (NOTE [Recompute simulated]), else measured. Skipped when the kept step already shows no such
       plan can fit (:func:`~autockpt.planner.solve.chain_terms.recompute_lower_bound_bytes`), until
       nothing fits: the refusal's minimum counts it too;
    b. regions recomputed whole, and, where :mod:`autockpt.planner.measure.separability` finds a
@@ -87,9 +88,9 @@ from autockpt.planner.core.step_budget import StepBudget
 from autockpt.planner.core.units import Budget, format_bytes
 from autockpt.planner.measure.inference_forward import fewest_forward_pieces
 from autockpt.planner.measure.step_measurer import StepMeasurer
-from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec, StepProfile
 from autockpt.planner.plan_types import Plan, StepTimelines, Strategy
 from autockpt.planner.report_rows import peak_breakdown, segment_rows, step_timeline
+from autockpt.planner.simulate.step_profile import LossFn, OptimizerSpec, StepProfile
 from autockpt.planner.solve.budget_search import whole_kib
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_decoding import ChosenPlan

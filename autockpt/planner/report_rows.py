@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autockpt.planner.measure.step_profile import StepProfile
 from autockpt.planner.plan_types import PeakBreakdown, SegmentPlan, StepTimeline
+from autockpt.planner.simulate.step_profile import StepProfile
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_decoding import Decision
 from autockpt.planner.solve.chain_positions import Profiles

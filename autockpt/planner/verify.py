@@ -36,8 +36,8 @@ from autockpt.planner.core.train_eval import training_mode
 from autockpt.planner.core.units import format_bytes
 from autockpt.planner.measure.fake_step import default_loss
 from autockpt.planner.measure.optimizers import give_state, make_optimizer
-from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.plan_types import Plan
+from autockpt.planner.simulate.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.training_step import training_step
 
 

@@ -29,6 +29,9 @@ from torch.utils._pytree import tree_flatten, tree_map
 from autockpt.planner.core.dispatch_mode import OpMode
 
 OpObserver = Callable[[Any, tuple[Any, ...], dict[str, Any], Any], None]
+#: Told of every storage the tracker starts or stops counting: ``(key, size, counted)``, the
+#: key the storage's ``id``, ``counted`` true when it starts (see :class:`MemoryTracker`).
+StorageListener = Callable[[int, int, bool], None]
 
 # Ops whose fake/meta kernels return a smaller output than the real kernel: a workspace that
 # only the real implementation allocates (the LSTMs), or a reduced loss returned as a view of
@@ -153,6 +156,12 @@ class RealSizeOracle:
         return [tuple(t.stride()) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
 
 
+def sized_for_real(func: Any) -> bool:
+    """Whether ``func``'s outputs are sized by running it for real (NOTE [Tracked bytes]):
+    its fake kernel under-reports them."""
+    return func.overloadpacket in _UNDER_REPORTED_OPS
+
+
 def tensor_bytes(value: Any) -> int:
     """Bytes of the tensors in a nest of tuples, lists and dicts (each counted as its own
     elements, whatever storage it shares)."""
@@ -207,6 +216,8 @@ class MemoryTracker(OpMode):
             uses it to attribute memory and time to segments.
         size_oracle: sizes ops whose fake kernels under-report; pass one when tracking fake
             tensors.
+        listener: told when each storage starts and stops being counted (the planner's
+            record of a step, NOTE [One record, many plans]).
 
     Example:
         >>> with MemoryTracker(initial=tensors_of(model, optimizer)) as tracker:
@@ -220,8 +231,10 @@ class MemoryTracker(OpMode):
         initial: Iterable[torch.Tensor] = (),
         observer: OpObserver | None = None,
         size_oracle: RealSizeOracle | None = None,
+        listener: StorageListener | None = None,
     ) -> None:
         super().__init__()
+        self._listener = listener
         self.current_bytes = 0
         self.peak_bytes = 0
         self._live: dict[int, weakref.ref[Any]] = {}
@@ -240,6 +253,8 @@ class MemoryTracker(OpMode):
         self._live[key] = weakref.ref(storage, lambda _ref: self._release(key, size))
         self.current_bytes += size
         self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+        if self._listener is not None:
+            self._listener(key, size, True)
 
     def add_bytes(self, num_bytes: int) -> None:
         """Count ``num_bytes`` that no tensor here holds (state measured elsewhere) from now on."""
@@ -253,6 +268,8 @@ class MemoryTracker(OpMode):
     def _release(self, key: int, size: int) -> None:
         if self._live.pop(key, None) is not None:
             self.current_bytes -= size
+            if self._listener is not None:
+                self._listener(key, size, False)
 
     def on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = func(*args, **kwargs)

@@ -43,19 +43,20 @@ from autockpt.planner.core.memory_tracker import (
 )
 from autockpt.planner.core.output_structure import output_tensors
 from autockpt.planner.measure.optimizers import make_optimizer, same_kind
-from autockpt.planner.measure.step_profile import (
-    PHASES,
-    LossFn,
-    OptimizerSpec,
-    SegmentProfile,
-    StepProfile,
-)
 from autockpt.planner.runtime.planned_chain import build_module_planned
 from autockpt.planner.runtime.segment_runners import (
     adopt_state_of,
     build_segmented_module,
     collect_segment_grad_fns,
 )
+from autockpt.planner.simulate.step_profile import (
+    PHASES,
+    LossFn,
+    OptimizerSpec,
+    SegmentProfile,
+    StepProfile,
+)
+from autockpt.planner.simulate.step_record import StepRecording
 from autockpt.planner.trace.fx_graph import Segment, TracedModel
 from autockpt.planner.trace.module_chain import ModuleChain
 
@@ -72,8 +73,11 @@ def default_loss(output: Any) -> torch.Tensor:
 class _StepRecorder:
     """Attributes every op of a step to a phase and a segment (NOTE [Step accounting])."""
 
-    def __init__(self, num_segments: int, *, count_work: bool = True) -> None:
+    def __init__(
+        self, num_segments: int, *, count_work: bool = True, recording: StepRecording | None = None
+    ) -> None:
         self.count_work = count_work
+        self.recording = recording
         self.tracker: MemoryTracker | None = None
         self.phase = "setup"
         self.current: int | None = None
@@ -87,6 +91,8 @@ class _StepRecorder:
         now = self.tracker.current_bytes
         if self.phase != "setup":  # the step's own ops, not making its starting state
             self.timeline.append((now, self.phase, -1 if self.current is None else self.current))
+            if self.recording is not None:
+                self.recording.op_ran(func, (args, kwargs), out, self.phase)
         if self.phase in self.phase_peak:
             self.phase_peak[self.phase] = max(self.phase_peak[self.phase], now)
         if self.current is None:
@@ -110,6 +116,8 @@ class _StepRecorder:
 
     def segment_started(self, index: int) -> None:
         assert self.tracker is not None
+        if self.recording is not None:
+            self.recording.segment_started(index)
         self.current = index
         now = self.tracker.current_bytes
         profile = self.segments[index]
@@ -129,6 +137,8 @@ class _StepRecorder:
 
     def segment_finished(self, index: int, inputs: tuple[Any, ...], outputs: Any) -> None:
         assert self.tracker is not None
+        if self.recording is not None:
+            self.recording.segment_finished(index, inputs, outputs)
         profile = self.segments[index]
         profile.input_sizes = tuple(tensor_bytes(value) for value in inputs)
         profile.input_bytes = tensor_bytes(inputs)
@@ -289,6 +299,7 @@ def profile_step(
     count_work: bool = True,
     autocast_dtype: torch.dtype | None = None,
     segments: Sequence[Segment] | None = None,
+    recording: StepRecording | None = None,
 ) -> StepProfile:
     """Measure one training step of the traced model planned with ``actions``, on fake tensors.
 
@@ -310,13 +321,14 @@ def profile_step(
             inputs); they do not depend on the plan, so the planner counts them once.
         autocast_dtype: run forward and loss under ``torch.autocast`` with this dtype.
         segments: the chain ``actions`` apply to; default: the traced model's segments.
+        recording: writes the step's record as it runs (NOTE [One record, many plans]).
 
     Returns:
         The step's profile (NOTE [Step accounting]); with micro-batches, of one piece.
     """
     loss_fn = loss_fn or default_loss
     segments = state.traced.segments if segments is None else segments
-    recorder = _StepRecorder(len(segments), count_work=count_work)
+    recorder = _StepRecorder(len(segments), count_work=count_work, recording=recording)
     with _inside(mode := state.mode), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         traced = state.traced
@@ -340,6 +352,7 @@ def profile_step(
             ],
             observer=recorder.on_op,
             size_oracle=size_oracle,
+            listener=None if recording is None else recording.storage_counted,
         )
         recorder.tracker = tracker
         profile = StepProfile(

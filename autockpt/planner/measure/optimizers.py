@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from autockpt.errors import ConfigError
-from autockpt.planner.measure.step_profile import OptimizerSpec
+from autockpt.planner.simulate.step_profile import OptimizerSpec
 
 
 def make_optimizer(

@@ -39,7 +39,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autockpt.planner.measure.step_profile import StepProfile
+from autockpt.planner.simulate.step_profile import StepProfile
 
 #: Samples of the smaller probe step (the larger takes twice as many).
 PROBE_SAMPLES = 2

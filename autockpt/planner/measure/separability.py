@@ -56,8 +56,8 @@ from autockpt.planner.measure.per_sample_probe import (
     sample_of,
     tensors_in,
 )
-from autockpt.planner.measure.step_profile import LossFn
 from autockpt.planner.runtime.segment_runners import build_segmented_module
+from autockpt.planner.simulate.step_profile import LossFn
 from autockpt.planner.trace.fx_graph import Segment, TracedModel
 from autockpt.planner.trace.module_chain import ModuleChain
 

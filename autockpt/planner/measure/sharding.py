@@ -53,7 +53,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autockpt.planner.core.decisions import Parallelism
 from autockpt.planner.measure.optimizers import make_optimizer
-from autockpt.planner.measure.step_profile import OptimizerSpec
+from autockpt.planner.simulate.step_profile import OptimizerSpec
 
 #: The unit name of parameters that belong to no leaf unit (FSDP's root unit).
 ROOT_UNIT = ""

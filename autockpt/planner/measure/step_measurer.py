@@ -32,7 +32,9 @@ from autockpt.planner.measure.scaled_step import (
     scaled_batches,
     scaled_profile,
 )
-from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec, StepProfile
+from autockpt.planner.simulate.recompute_simulation import simulated_profile, unsure_segments
+from autockpt.planner.simulate.step_profile import LossFn, OptimizerSpec, StepProfile
+from autockpt.planner.simulate.step_record import StepRecord, StepRecording
 from autockpt.planner.trace.fx_graph import Segment, TracedModel
 from autockpt.planner.trace.module_chain import ModuleChain
 
@@ -100,7 +102,35 @@ class StepMeasurer:
             except Exception as error:  # a model that refuses a few samples: measured whole
                 self.scaled = None
                 self.whole_batch_reason = describe_error(error)
-        self.kept = self._profile((example_inputs, example_targets), kept, 1, first=True)
+        batch = (example_inputs, example_targets)
+        #: The kept step's record, by micro-batch count, with the step it was taken beside
+        #: (NOTE [One record, many plans]); none where the step is not measured on fake
+        #: tensors of a traced model.
+        self.records: dict[int, tuple[StepRecord, StepProfile]] = {}
+        recording = self._recording()
+        if recording is not None:
+            self.kept = self._run(batch, kept, 1, first=True, recording=recording)
+            self.records[1] = (recording.record, self.kept)
+        else:
+            self.kept = self._profile(batch, kept, 1, first=True)
+
+    @property
+    def record(self) -> StepRecord | None:
+        """The kept step's record at the whole batch, if it was recorded."""
+        return self.records[1][0] if 1 in self.records else None
+
+    def _recording(self) -> StepRecording | None:
+        """A recording for a kept step of the traced model on fake tensors, else ``None``."""
+        traced = self.traced
+        if not isinstance(traced, TracedModel) or traced.fake_mode is None:
+            return None
+        recording = StepRecording(
+            [s.input_names for s in traced.segments],
+            [s.output_names for s in traced.segments],
+            under_autocast=self.autocast_dtype is not None,
+        )
+        recording.record.unsure |= unsure_segments(traced)
+        return recording
 
     def measure(
         self,
@@ -111,12 +141,25 @@ class StepMeasurer:
     ) -> StepProfile:
         """The step run as ``segments`` with ``actions``, on ``batch`` (inputs, targets)
         or the example batch; the optimizer's peak is the kept step's."""
+        # The kept step at a micro-batch count is recorded: the recomputed ones at that count
+        # are then simulated from it (NOTE [One record, many plans]).
+        recording = (
+            self._recording()
+            if batch is None
+            and all(a == KEEP for a in actions)
+            and tuple(segments) == tuple(self.traced.segments)
+            else None
+        )
         batch = batch or (self.example_inputs, self.example_targets)
-        profile = self._profile(batch, actions, num_micro_batches, segments=segments)
+        profile = self._profile(
+            batch, actions, num_micro_batches, segments=segments, recording=recording
+        )
         optimizer_peak = self.kept.phase_peak_bytes["optimizer"]
         profile.phase_peak_bytes["optimizer"] = optimizer_peak
         profile.timeline.append((optimizer_peak, "optimizer", -1))
         profile.peak_bytes = max(profile.peak_bytes, optimizer_peak)
+        if recording is not None:
+            self.records[num_micro_batches] = (recording.record, profile)
         return profile
 
     def _profile(
@@ -127,9 +170,11 @@ class StepMeasurer:
         *,
         segments: Sequence[Segment] | None = None,
         first: bool = False,
+        recording: StepRecording | None = None,
     ) -> StepProfile:
         """The step on ``batch``: measured whole, or, on a real copy whose pieces would not
-        fit, at two smaller batches and read off their line (NOTE [Scaled real measurement])."""
+        fit, at two smaller batches and read off their line (NOTE [Scaled real measurement]);
+        ``recording`` records a step measured whole on fake tensors."""
         scaled = self.scaled
         size = piece_sizes(batch[0], num_micro_batches)[0]
         if scaled is not None:
@@ -152,7 +197,9 @@ class StepMeasurer:
                     return profile
                 # It fits the budget by the line, margin included: measured whole, it is
                 # exact (step 3).
-        return self._run(batch, actions, num_micro_batches, segments=segments, first=first)
+        return self._run(
+            batch, actions, num_micro_batches, segments=segments, first=first, recording=recording
+        )
 
     def _run(
         self,
@@ -162,8 +209,10 @@ class StepMeasurer:
         *,
         segments: Sequence[Segment] | None = None,
         first: bool = False,
+        recording: StepRecording | None = None,
     ) -> StepProfile:
-        """One measured step on ``batch``; the first runs the optimizer and counts the work."""
+        """One measured step on ``batch``; the first runs the optimizer and counts the work
+        (and, given ``recording``, is recorded: NOTE [One record, many plans])."""
         inputs, targets = batch
         profile = profile_step(
             self.fake_state,
@@ -178,6 +227,7 @@ class StepMeasurer:
             count_work=first,
             autocast_dtype=self.autocast_dtype,
             segments=segments,
+            recording=recording,
         )
         if self.traced.fake_mode is None:
             # A real step: what it held, and the caller's batch beside a smaller one.
@@ -205,6 +255,18 @@ class StepMeasurer:
         """Every one of ``segments`` recomputed, but those kept by in-place writes (NOTE
         [In-place writes])."""
         actions = [SegmentAction(recompute=not s.keep_reason) for s in segments]
+        if num_micro_batches in self.records:
+            # NOTE [One record, many plans]: worked out from the kept step where it can be.
+            record, kept = self.records[num_micro_batches]
+            simulated = simulated_profile(
+                record,
+                kept,
+                self.traced.segments,
+                segments,
+                [a.recompute for a in actions],
+            )
+            if simulated is not None:
+                return simulated
         return self.measure(segments, actions, num_micro_batches)
 
     def planned(

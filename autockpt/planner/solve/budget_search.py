@@ -17,7 +17,7 @@ from typing import Any
 from autockpt.errors import InfeasibleBudgetError, describe_error
 from autockpt.planner.core.step_budget import StepBudget
 from autockpt.planner.measure.separability import Separability
-from autockpt.planner.measure.step_profile import StepProfile
+from autockpt.planner.simulate.step_profile import StepProfile
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_decoding import Decision, decode, kept_decision
 from autockpt.planner.solve.chain_positions import Profiles

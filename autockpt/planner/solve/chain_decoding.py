@@ -9,7 +9,7 @@ import torch.fx as fx
 
 from autockpt.planner.core.decisions import KEEP, SegmentAction
 from autockpt.planner.measure.separability import Separability
-from autockpt.planner.measure.step_profile import StepProfile
+from autockpt.planner.simulate.step_profile import StepProfile
 from autockpt.planner.solve.chain_positions import ChainPositions, Profiles
 from autockpt.planner.solve.chain_solver import Chain, Solution
 from autockpt.planner.trace.fx_graph import Segment, TracedModel, segments_from_node_lists

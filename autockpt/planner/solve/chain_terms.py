@@ -3,14 +3,14 @@
 The chain memory model (NOTE [Chain memory model] in :mod:`autockpt.planner.solve.chain_solver`)
 reads each position's increments: what it leaves alive for later ones, its forward and backward
 peaks above what came before, its boundary. These helpers take them from a measured
-:class:`~autockpt.planner.measure.step_profile.StepProfile`, fit them between the whole batch and
+:class:`~autockpt.planner.simulate.step_profile.StepProfile`, fit them between the whole batch and
 half of it, and say which micro-batch counts there are and how large their pieces are.
 """
 
 from __future__ import annotations
 
 from autockpt.planner.core.decisions import OptionAction
-from autockpt.planner.measure.step_profile import StepProfile
+from autockpt.planner.simulate.step_profile import StepProfile
 from autockpt.planner.solve.chain_solver import Option
 
 #: Micro-batch counts the planner may split a batch-separable step into.

@@ -20,7 +20,14 @@ def forced_plan(measurer: StepMeasurer, builder: ChainBuilder, *, recompute: boo
     """
     traced = measurer.traced
     kept = measurer.kept
-    recomputed = measurer.all_recomputed(traced.segments)
+    every = [SegmentAction(recompute=not s.keep_reason) for s in traced.segments]
+    # The plan's own step is measured; a simulated one serves the chain's minimum only
+    # (NOTE [Recompute simulated]).
+    recomputed = (
+        measurer.measure(traced.segments, every)
+        if recompute
+        else measurer.all_recomputed(traced.segments)
+    )
     whole = Profiles(kept, recomputed)
     forced = list(traced.segments)
     spans = [(i, i + 1) for i in range(len(forced))]

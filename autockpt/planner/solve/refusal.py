@@ -25,7 +25,7 @@ import math
 from autockpt.errors import InfeasibleBudgetError
 from autockpt.planner.core.units import Budget, format_bytes
 from autockpt.planner.measure.separability import Separability
-from autockpt.planner.measure.step_profile import StepProfile
+from autockpt.planner.simulate.step_profile import StepProfile
 from autockpt.planner.solve.chain_decoding import Decision
 
 

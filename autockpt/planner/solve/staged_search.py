@@ -12,7 +12,7 @@ import torch
 from autockpt.errors import describe_error
 from autockpt.planner.core.step_budget import StepBudget
 from autockpt.planner.measure.step_measurer import StepMeasurer
-from autockpt.planner.measure.step_profile import LossFn, StepProfile
+from autockpt.planner.simulate.step_profile import LossFn, StepProfile
 from autockpt.planner.solve.budget_search import BudgetSearch
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_decoding import ChosenPlan, Decision

@@ -65,7 +65,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from autockpt.planner.measure.scaled_step import real_step_bytes
-from autockpt.planner.measure.step_profile import StepProfile
+from autockpt.planner.simulate.step_profile import StepProfile
 from autockpt.planner.solve.chain_decoding import Decision
 from autockpt.planner.timing.real_batch import RealBatch
 from autockpt.planner.timing.timing_room import on_line

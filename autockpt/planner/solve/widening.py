@@ -22,8 +22,8 @@ from autockpt.errors import describe_error
 from autockpt.planner.core.decisions import KEEP, SegmentAction
 from autockpt.planner.measure.separability import Separability, analyse_separability
 from autockpt.planner.measure.step_measurer import StepMeasurer
-from autockpt.planner.measure.step_profile import LossFn, StepProfile
 from autockpt.planner.runtime.selective_safety import selective_segments
+from autockpt.planner.simulate.step_profile import LossFn, StepProfile
 from autockpt.planner.solve.budget_search import BudgetSearch
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_positions import Profiles, unit_segments

@@ -34,8 +34,8 @@ import torch
 
 from autockpt.planner.core.decisions import SegmentAction
 from autockpt.planner.core.fake_copies import parameter_sharing_copy
-from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.runtime.planned_chain import build_module_planned
+from autockpt.planner.simulate.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.timing.real_batch import RealBatch
 from autockpt.planner.timing.time_model import Cost, EstimatedCosts, guarded, timing_failed
 from autockpt.planner.timing.timing_room import TimingRoom

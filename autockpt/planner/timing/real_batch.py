@@ -23,7 +23,7 @@ from autockpt.planner.core.decisions import SegmentAction
 from autockpt.planner.core.memory_tracker import storage_bytes, tensor_bytes
 from autockpt.planner.measure.fake_step import default_loss
 from autockpt.planner.measure.optimizers import make_optimizer
-from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
+from autockpt.planner.simulate.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.timing.timed_runs import TimedRuns, median, seconds
 from autockpt.planner.timing.timing_room import OPTIMIZER_COPIES_PER_BYTE, TimingRoom, on_line
 from autockpt.planner.trace.fx_graph import Segment

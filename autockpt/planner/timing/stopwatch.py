@@ -73,8 +73,8 @@ import torch
 
 from autockpt.planner.core.decisions import KEEP, SegmentAction
 from autockpt.planner.core.memory_tracker import flat_tensors
-from autockpt.planner.measure.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.runtime.segment_runners import SegmentRunner, build_segmented_module
+from autockpt.planner.simulate.step_profile import LossFn, OptimizerSpec
 from autockpt.planner.timing.real_batch import RealBatch
 from autockpt.planner.timing.segment_clock import (
     Captured,

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from autockpt.errors import describe_error
-from autockpt.planner.measure.step_profile import StepProfile
+from autockpt.planner.simulate.step_profile import StepProfile
 from autockpt.planner.timing.calibration import TimeModel
 from autockpt.planner.timing.stopwatch import Stopwatch
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autockpt.planner.measure.scaled_step import ROOM_SHARE, real_step_bytes
-from autockpt.planner.measure.step_profile import StepProfile
+from autockpt.planner.simulate.step_profile import StepProfile
 from autockpt.planner.trace.fx_graph import TracedModel
 from autockpt.planner.trace.module_chain import ModuleChain
 

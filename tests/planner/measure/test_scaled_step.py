@@ -10,7 +10,7 @@ from torch import nn
 
 import autockpt
 from autockpt.planner.measure.scaled_step import LINE_MARGIN, scaled_profile
-from autockpt.planner.measure.step_profile import SegmentProfile, StepProfile
+from autockpt.planner.simulate.step_profile import SegmentProfile, StepProfile
 from tests.oracle import LiveBytes, measured_step
 
 MiB = 2**20

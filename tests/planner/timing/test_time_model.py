@@ -14,7 +14,7 @@ import autockpt
 from autockpt.planner import pipeline
 from autockpt.planner.core.decisions import KEEP
 from autockpt.planner.measure.fake_step import FakeTrainingState, profile_step
-from autockpt.planner.measure.step_profile import StepProfile
+from autockpt.planner.simulate.step_profile import StepProfile
 from autockpt.planner.solve.whole_plan_timing import StepRunner
 from autockpt.planner.timing import calibration
 from autockpt.planner.timing.calibration import TimeModel

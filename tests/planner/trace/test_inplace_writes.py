@@ -15,7 +15,7 @@ from torch import nn
 import autockpt
 from autockpt.planner.core.decisions import KEEP, SegmentAction
 from autockpt.planner.measure.fake_step import FakeTrainingState, profile_step
-from autockpt.planner.measure.step_profile import StepProfile
+from autockpt.planner.simulate.step_profile import StepProfile
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_positions import Profiles, unit_segments
 from autockpt.planner.solve.chain_solver import minimum_peak
