@@ -10,8 +10,10 @@ wrapping the functions ``autockpt.plan`` calls (in this process only, nothing is
 * calibrate: the device's time model (measured once per process, so only the first call pays);
 * fake state: ``FakeTrainingState``, the fake model's parameters and the optimizer state;
 * measure: ``profile_step``, fake-tensor steps of the model (each plan needs several);
+* simulate: ``simulated_profile``, recomputed steps worked out from a kept step's record;
 * separability: ``analyse_separability``, small real runs that decide chunks and micro-batches;
 * solve: ``solve`` and ``minimum_peak``, the chain solver;
+* whole-plan timing: ``fastest_of``, the plans that fit timed whole on the real model;
 * other: the rest (building chains, the Plan).
 
 With ``--fresh-process`` each row is also timed as the first ``plan()`` of a new Python
@@ -59,11 +61,23 @@ STAGES = {
     "calibrate": "calibrate",
     "FakeTrainingState": "fake state",
     "profile_step": "measure",
+    "simulated_profile": "simulate",
     "analyse_separability": "separability",
     "solve": "solve",
     "minimum_peak": "solve",
+    "fastest_of": "whole-plan timing",
 }
-STAGE_NAMES = ("trace", "calibrate", "fake state", "measure", "separability", "solve", "other")
+STAGE_NAMES = (
+    "trace",
+    "calibrate",
+    "fake state",
+    "measure",
+    "simulate",
+    "separability",
+    "solve",
+    "whole-plan timing",
+    "other",
+)
 BUDGETS = (("unlimited", None), ("50%", 0.5), ("25%", 0.25))
 
 
@@ -73,8 +87,15 @@ def stage_timers() -> Iterator[dict[str, float]]:
     seconds: dict[str, float] = defaultdict(float)
     # The modules that call the stages (not the function ``autockpt.plan``).
     modules = [
-        importlib.import_module("autockpt.planner.pipeline"),
-        importlib.import_module("autockpt.planner.solve.budget_search"),
+        importlib.import_module(f"autockpt.planner.{name}")
+        for name in (
+            "pipeline",
+            "measure.step_measurer",
+            "solve.widening",
+            "solve.budget_search",
+            "solve.forced_checkpointing",
+            "solve.staged_search",
+        )
     ]
     originals = [
         (module, name, getattr(module, name))
