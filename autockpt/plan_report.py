@@ -204,7 +204,7 @@ def _minimum_scope(plan: Plan) -> str:
     if plan.minimum_searched == "every option":
         return "(the lowest plan, measured: a budget of it plans)"
     return (
-        f"(the planner's estimate, with {plan.minimum_searched}: a cheaper plan fitted, so "
+        f"(the lowest plan with {plan.minimum_searched}, measured: a cheaper plan fitted, so "
         "a lower budget searches further and may plan below it)"
     )
 

@@ -89,7 +89,7 @@ def test_the_plan_line_says_what_its_minimum_covers(plan):
     whole = _line(plan.model_copy(update={"minimum_searched": "every option"}), "peak:")
     assert whole.endswith("(the lowest plan, measured: a budget of it plans)"), whole
     early = _line(plan.model_copy(update={"minimum_searched": "recompute alone"}), "peak:")
-    assert "with recompute alone: a cheaper plan fitted" in early, early
+    assert "(the lowest plan with recompute alone, measured: a cheaper plan fitted" in early, early
 
 
 def test_the_plan_line_and_a_refusal_name_one_minimum(
