@@ -107,6 +107,12 @@ class StepMeasurer:
         #: (NOTE [One record, many plans]); none where the step is not measured on fake
         #: tensors of a traced model.
         self.records: dict[int, tuple[StepRecord, StepProfile]] = {}
+        # What the simulation does not model, read off the graph once for every recording.
+        self._unsure = (
+            unsure_segments(traced)
+            if isinstance(traced, TracedModel) and traced.fake_mode is not None
+            else None
+        )
         recording = self._recording()
         if recording is not None:
             self.kept = self._run(batch, kept, 1, first=True, recording=recording)
@@ -121,15 +127,15 @@ class StepMeasurer:
 
     def _recording(self) -> StepRecording | None:
         """A recording for a kept step of the traced model on fake tensors, else ``None``."""
-        traced = self.traced
-        if not isinstance(traced, TracedModel) or traced.fake_mode is None:
+        if self._unsure is None:
             return None
+        segments = self.traced.segments
         recording = StepRecording(
-            [s.input_names for s in traced.segments],
-            [s.output_names for s in traced.segments],
+            [s.input_names for s in segments],
+            [s.output_names for s in segments],
             under_autocast=self.autocast_dtype is not None,
         )
-        recording.record.unsure |= unsure_segments(traced)
+        recording.record.unsure |= self._unsure
         return recording
 
     def measure(

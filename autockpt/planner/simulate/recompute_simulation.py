@@ -6,23 +6,25 @@ kept step's memory, each readable off the record (NOTE [One record, many plans])
 
 1. Its forward saves nothing for backward. A storage its forward made that is still live when
    its forward ends, that nothing after it reads and that is not one of its outputs (the
-   model's output may be read by no op), was live only because autograd saved it: recomputed, it is freed after the last op that read it, and is
-   absent until the segment's backward begins.
-2. Its backward begins by running its forward again: on top of what is live then, its forward's
-   storages are made once more in their order, those its forward freed freed again, and those it
-   kept (saved ones, outputs) held to the end of the rerun; its outputs are then dropped and the
-   saved ones live on as in the kept step.
-3. The checkpoint holds its inputs until its backward has run, where the kept step may have freed
-   one earlier (one read by an op that saves nothing).
+   model's output may be read by no op), was live only because autograd saved it: recomputed,
+   it is freed after the last op that read it (a weight's cast, which autocast's cache holds,
+   at the loss's end), and is absent until the segment's backward begins.
+2. Its backward begins by running its forward again, up to the op that makes the last tensor
+   it saves (the checkpoint's early stop): on top of what is live once the backward before it
+   released what it frees, its forward's storages are made once more in their order, those its
+   forward freed freed again, and the others held to the end of the rerun; the saved ones then
+   live on as in the kept step.
+3. Where its forward saved anything, the checkpoint holds its inputs until its backward has run,
+   where the kept step may have freed one earlier (one read by an op that saves nothing).
 
 What the simulation does not model, and how each is handled:
 
-- the non-reentrant checkpoint stops its rerun early (once every saved tensor is made) and
-  releases a recomputed tensor as backward unpacks it: the simulated rerun runs to its end and
-  holds everything to it, an overestimate of at most the segment's outputs;
+- the non-reentrant checkpoint releases a recomputed tensor as backward unpacks it, where the
+  kept step releases it after the node: a segment's backward may read a few hundred bytes high
+  (a bias gradient made while a freed value still counts);
 - a module's own Python locals (a leaf module kept whole) live until it returns, not until
   their last read: underestimated by the simulation;
-- autocast's cache of cast weights, in-place writes, a Python object holding a tensor: not seen.
+- in-place writes, a Python object holding a tensor: not seen.
 
 So a segment is measured, not simulated, where its forward writes in place into a storage
 another segment made (and that segment too), runs an op whose outputs are sized by running it for

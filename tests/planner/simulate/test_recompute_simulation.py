@@ -72,21 +72,23 @@ def _decoder() -> tuple[nn.Module, tuple[Any, ...], Callable[..., Any], tuple[An
     return randomness_off(case.build()), inputs, case.loss_fn, targets
 
 
-def _dropout_mlp() -> tuple[nn.Module, tuple[Any, ...], Callable[..., Any], tuple[Any, ...]]:
-    torch.manual_seed(0)
-    return DropoutMLP(), (torch.randn(8, TOKENS, WIDTH),), lambda out: out.square().sum(), ()
+def _squares_of(
+    make: Callable[[], nn.Module],
+) -> Callable[[], tuple[nn.Module, tuple[Any, ...], Callable[..., Any], tuple[Any, ...]]]:
+    """A case of ``make()``'s model on a seeded batch, its loss the sum of the squared output."""
 
+    def case() -> tuple[nn.Module, tuple[Any, ...], Callable[..., Any], tuple[Any, ...]]:
+        torch.manual_seed(0)
+        return make(), (torch.randn(8, TOKENS, WIDTH),), lambda out: out.square().sum(), ()
 
-def _transients() -> tuple[nn.Module, tuple[Any, ...], Callable[..., Any], tuple[Any, ...]]:
-    torch.manual_seed(0)
-    return Transients(), (torch.randn(8, TOKENS, WIDTH),), lambda out: out.square().sum(), ()
+    return case
 
 
 CASES = {
-    "transients": (_transients, None),
+    "transients": (_squares_of(Transients), None),
     "decoder": (_decoder, None),
-    "dropout-mlp-bf16": (_dropout_mlp, torch.bfloat16),
-    "dropout-mlp": (_dropout_mlp, None),
+    "dropout-mlp-bf16": (_squares_of(DropoutMLP), torch.bfloat16),
+    "dropout-mlp": (_squares_of(DropoutMLP), None),
 }
 
 
