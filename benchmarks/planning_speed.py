@@ -13,7 +13,7 @@ wrapping the functions ``autockpt.plan`` calls (in this process only, nothing is
 * simulate: ``simulated_profile``, recomputed steps worked out from a kept step's record;
 * separability: ``analyse_separability``, small real runs that decide chunks and micro-batches;
 * solve: ``solve`` and ``minimum_peak``, the chain solver;
-* whole-plan timing: ``fastest_of``, the plans that fit timed whole on the real model;
+* whole-plan timing: ``timed_side_by_side``, the plans that fit timed whole on the real model;
 * other: the rest (building chains, the Plan).
 
 With ``--fresh-process`` each row is also timed as the first ``plan()`` of a new Python
@@ -65,7 +65,7 @@ STAGES = {
     "analyse_separability": "separability",
     "solve": "solve",
     "minimum_peak": "solve",
-    "fastest_of": "whole-plan timing",
+    "timed_side_by_side": "whole-plan timing",
 }
 STAGE_NAMES = (
     "trace",
@@ -95,6 +95,7 @@ def stage_timers() -> Iterator[dict[str, float]]:
             "solve.budget_search",
             "solve.forced_checkpointing",
             "solve.staged_search",
+            "solve.whole_plan_timing",
         )
     ]
     originals = [

@@ -2044,6 +2044,18 @@ MUTATIONS = (
         ("tests/planner/simulate/test_recompute_simulation.py",),
     ),
     Mutation(
+        "plan-timed-whole-again",
+        "a plan a stage timed whole is run again when a later stage or the final choice asks "
+        "for it (tft-225: one plan timed three times a planning, 6.5 s each)",
+        "autockpt/planner/solve/whole_plan_timing.py",
+        "if k not in self._timed}",
+        "if True}",
+        (
+            "tests/planner/solve/test_whole_plan_timing.py::"
+            "test_each_plan_is_timed_whole_once_a_planning",
+        ),
+    ),
+    Mutation(
         "chunks-sized-from-the-whole-budget",
         "a row cache's chunks are sized from the whole --max-host-memory, as if the process "
         "held nothing: the build's passes go past the budget (NOTE [Chunks sized by what is "

@@ -20,9 +20,9 @@ from autockpt.planner.solve.chain_positions import Profiles
 from autockpt.planner.solve.option_pricing import decision_extra_s
 from autockpt.planner.solve.whole_plan_timing import (
     MAX_CANDIDATES,
+    PlanTimings,
     StepRunner,
     TimedChoice,
-    fastest_of,
 )
 from autockpt.planner.solve.widening import Widening
 from autockpt.planner.timing.module_stopwatch import ModuleCosts
@@ -81,6 +81,8 @@ class StagedSearch:
         """How many of the widening stages the search ran (NOTE [One minimum])."""
         self.timing_failed = False
         """Whether running a plan whole failed; nothing is timed whole after that."""
+        self.timings = PlanTimings()
+        """The plans timed whole so far, each timed once (NOTE [Whole-plan timing])."""
         self.search = BudgetSearch(
             builder,
             Profiles(measurer.kept, None),
@@ -184,12 +186,14 @@ class StagedSearch:
     def _timed(
         self, candidates: list[Fit], runner: StepRunner, *, at_whole_batch: bool
     ) -> TimedChoice | None:
-        """:func:`fastest_of` the candidates, or ``None`` where running them fails (a model
-        that refuses a piece of its batch): the plan's notes say so, the sums stand and
-        nothing is timed whole again."""
+        """The fastest of the candidates timed whole (:class:`PlanTimings`), or ``None`` where
+        running them fails (a model that refuses a piece of its batch): the plan's notes say
+        so, the sums stand and nothing is timed whole again."""
         try:
             optimizer_s = runner.stopwatch.optimizer_s()
-            return fastest_of(candidates, runner, optimizer_s, at_whole_batch=at_whole_batch)
+            return self.timings.fastest(
+                candidates, runner, optimizer_s, at_whole_batch=at_whole_batch
+            )
         except Exception as error:  # noqa: BLE001 - a plan that cannot be timed is estimated
             self.timing_failed = True
             self.notes.append(
