@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autockpt.planner.core.decisions import SegmentAction  # noqa: E402
 from autockpt.planner.measure.step_measurer import StepMeasurer  # noqa: E402
 from autockpt.planner.simulate.recompute_simulation import simulated_profile  # noqa: E402
+from autockpt.planner.simulate.step_spec import StepSpec  # noqa: E402
 from autockpt.planner.solve.chain_terms import kept_increments  # noqa: E402
 from autockpt.planner.trace.fx_graph import TracedModel  # noqa: E402
 from autockpt.planner.trace.module_chain import trace_or_find_modules  # noqa: E402
@@ -40,15 +41,7 @@ def rows(name: str, model: Any, inputs: Any, loss_fn: Any, targets: Any) -> list
     traced = trace_or_find_modules(model.train(), inputs)
     if not isinstance(traced, TracedModel):
         return [f"| {name} | - | forward hooks: measured | | | | |"]
-    measurer = StepMeasurer(
-        traced,
-        inputs,
-        loss_fn=loss_fn,
-        example_targets=targets,
-        optimizer="adamw",
-        autocast_dtype=None,
-        gradients_live=False,
-    )
+    measurer = StepMeasurer(traced, StepSpec(model, inputs, targets, loss_fn, "adamw"))
     record = measurer.record
     assert record is not None
     found = []

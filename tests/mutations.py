@@ -1538,7 +1538,7 @@ MUTATIONS = (
         "a model torch.fx does not trace is planned on the time model's estimates alone, its "
         "plans never timed (dict_batch's predicted 1.41x, measured 2.08x)",
         "autockpt/planner/pipeline.py",
-        "        return estimated, ModuleCosts(ModuleStopwatch(model, *batch, **timed), estimated)\n",
+        "        return estimated, ModuleCosts(chain_watch, estimated)\n",
         "        return estimated, estimated\n",
         ("tests/planner/timing/test_module_stopwatch.py",),
     ),

@@ -78,7 +78,6 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -91,6 +90,7 @@ from autockpt.planner.measure.step_measurer import StepMeasurer
 from autockpt.planner.plan_types import Plan, StepTimelines, Strategy
 from autockpt.planner.report_rows import peak_breakdown, segment_rows, step_timeline
 from autockpt.planner.simulate.step_profile import LossFn, OptimizerSpec, StepProfile
+from autockpt.planner.simulate.step_spec import StepSpec
 from autockpt.planner.solve.budget_search import whole_kib
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_decoding import ChosenPlan
@@ -165,23 +165,22 @@ def plan_one_process(
     usable_bytes = budget.usable_bytes
     # NOTE [Planning in the middle of a run]: real runs leave room for the state it holds.
     live_bytes = live_state_bytes(request.optimizer)
-    measurer = StepMeasurer(
-        traced,
+    spec = StepSpec(
+        model,
         example_inputs,
-        loss_fn=request.loss_fn,
-        example_targets=request.example_targets,
-        optimizer=request.optimizer,
-        autocast_dtype=request.autocast_dtype,
-        gradients_live=request.gradients_live,
-        room_bytes=usable_bytes - live_bytes,
+        request.example_targets,
+        request.loss_fn,
+        request.optimizer,
+        request.autocast_dtype,
+        request.gradients_live,
     )
+    measurer = StepMeasurer(traced, spec, room_bytes=usable_bytes - live_bytes)
     kept = measurer.kept
     budget, request = budget_decided(budget, request, budget.shown_bytes(kept.peak_bytes))
     usable_bytes = budget.usable_bytes
     report_progress("planning: timing the segments on the real model")
     estimated, costs = step_costs(
         measurer,
-        model,
         device,
         cpu_threads=training_threads(request, budget.shown_bytes(kept.peak_bytes), cpu_threads),
         room_bytes=calibration_room(usable_bytes - live_bytes, kept),
@@ -217,8 +216,6 @@ def plan_one_process(
         chosen = StagedSearch(
             measurer,
             builder,
-            model=model,
-            loss_fn=request.loss_fn,
             budget=budget,
             allow_chunks=request.allow_chunks,
             allow_micro_batches=request.allow_micro_batches,
@@ -307,7 +304,6 @@ def live_state_bytes(optimizer: OptimizerSpec) -> int:
 
 def step_costs(
     measurer: StepMeasurer,
-    model: torch.nn.Module,
     device: torch.device,
     *,
     cpu_threads: int,
@@ -315,8 +311,8 @@ def step_costs(
     usable_bytes: int,
 ) -> tuple[EstimatedCosts, StepCosts]:
     """The estimated costs, and the costs planning prices with: the step ``measurer`` measures
-    timed on the real model where that is cheap (``model``'s own step for a module chain,
-    NOTE [Timing a module chain]), else the estimates (NOTE [Time model]).
+    timed on the real model where that is cheap (the caller's model's own step for a module
+    chain, NOTE [Timing a module chain]), else the estimates (NOTE [Time model]).
 
     The time model is calibrated within ``room_bytes`` (:func:`calibration_room`); the real
     model is timed on the samples whose step fits ``usable_bytes`` (NOTE [Timing at a batch
@@ -330,20 +326,13 @@ def step_costs(
     room = TimingRoom.within(traced, kept, measurer.batch_size, usable_bytes)
     if room.samples == 0:
         return estimated, EstimatedCosts(time_model, kept, source=room.untimed_reason())
-    batch = (measurer.example_inputs,)
-    timed: dict[str, Any] = {  # what either stopwatch takes beside the model and batch
-        "loss_fn": measurer.loss_fn,
-        "example_targets": measurer.example_targets,
-        "optimizer": measurer.optimizer,
-        "autocast_dtype": measurer.autocast_dtype,
-        "threads": cpu_threads,
-        "room": room,
-    }
+    spec = measurer.spec
     if isinstance(traced, ModuleChain):
-        return estimated, ModuleCosts(ModuleStopwatch(model, *batch, **timed), estimated)
+        chain_watch = ModuleStopwatch(spec, threads=cpu_threads, room=room)
+        return estimated, ModuleCosts(chain_watch, estimated)
     # NOTE [The model's own checkpoints, timed]
-    own = model if own_checkpoint_calls(traced.graph_module.graph) else None
-    stopwatch = Stopwatch(traced, *batch, **timed, own_model=own)
+    own = spec.model if own_checkpoint_calls(traced.graph_module.graph) else None
+    stopwatch = Stopwatch(traced, spec, threads=cpu_threads, room=room, own_model=own)
     costs = MeasuredCosts(stopwatch, traced.regions, measurer.batch_size, fallback=estimated)
     return estimated, costs
 

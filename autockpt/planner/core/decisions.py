@@ -1,5 +1,36 @@
 """What a plan decides, the words the solver writes and the runtime and the saved plan read:
-for each segment an action, and how the ranks share the work."""
+for each segment an action, and how the ranks share the work.
+
+NOTE [Adding an action]
+An action (keep, recompute, recompute cheap ops, a region in chunks; micro-batches beside them)
+is a field of :class:`SegmentAction` and :class:`OptionAction` here. What a new one (offloading
+saved activations to host memory, say) touches today, in the order planning meets it:
+
+1. *Here*: its field on both values, its :attr:`OptionAction.label` (the report's word), and
+   the plan's saved form (:class:`~autockpt.planner.plan_types.SegmentPlan`, read back by
+   :mod:`autockpt.planner.apply`).
+2. *Runtime*: the segment runner that performs it (:mod:`autockpt.planner.runtime`:
+   ``planned_graph`` for a traced model, ``planned_chain`` for a module chain, both building
+   on ``segment_runners``). The fake-tensor step measures whatever the runtime runs, so
+   :mod:`autockpt.planner.measure` needs nothing new to measure a plan holding it.
+3. *Its profile*: what the chain model is built from (``chain_positions.Profiles``) gains the
+   step with every position doing the action, measured by ``solve/widening.py`` in the stage
+   that offers it, or worked out from the kept step's record
+   (:mod:`autockpt.planner.simulate`, NOTE [Recompute simulated]) where the simulation models it.
+4. *The options and their price*: ``chain_builder`` offers it per position from that profile
+   (``_terms``, ``_options``); its seconds come from the time model
+   (:mod:`autockpt.planner.timing.time_model`: the estimate, and on the CPU the real model
+   timed, ``option_pricing`` keying timings by the :class:`OptionAction` itself); a transfer
+   to the host needs a bandwidth the time model does not have yet.
+5. *Decoding and the report*: ``chain_decoding.decode`` turns the option into the
+   :class:`SegmentAction` (no label is parsed), ``whole_plan_timing`` runs it whole as the
+   runtime does, and the report's rows (``report_rows``, ``plan_report``) say it.
+
+Where the chain model's lower bound for plain recompute
+(``chain_terms.recompute_lower_bound_bytes``) or the refusal's minimum should count the action,
+those read its profile too. The aim (issue on planning that keeps up with training) is three
+places: the simulator, the runtime and the report; steps 3 and 4 are not yet that.
+"""
 
 from __future__ import annotations
 

@@ -42,8 +42,8 @@ def fewest_forward_pieces(measurer: StepMeasurer, usable_bytes: int, *, most: in
     measurer's fake model and example batch, fits ``usable_bytes`` (NOTE [Validation in as few
     pieces as fit]); ``None`` where none does, or the model is not on fake tensors: the bound
     ``most`` stands."""
-    state, example_inputs = measurer.fake_state, measurer.example_inputs
-    autocast_dtype = measurer.autocast_dtype
+    state, example_inputs = measurer.fake_state, measurer.spec.example_inputs
+    autocast_dtype = measurer.spec.autocast_dtype
     mode = state.mode
     if mode is None or most <= 1:
         return None

@@ -13,8 +13,6 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from autockpt.errors import describe_error
 from autockpt.planner.core.batch_split import (
     batch_size_of,
@@ -33,20 +31,23 @@ from autockpt.planner.measure.scaled_step import (
     scaled_profile,
 )
 from autockpt.planner.simulate.recompute_simulation import simulated_profile, unsure_segments
-from autockpt.planner.simulate.step_profile import LossFn, OptimizerSpec, StepProfile
+from autockpt.planner.simulate.step_profile import StepProfile
 from autockpt.planner.simulate.step_record import StepRecord, StepRecording
+from autockpt.planner.simulate.step_spec import StepSpec
 from autockpt.planner.trace.fx_graph import Segment, TracedModel
 from autockpt.planner.trace.module_chain import ModuleChain
 
 
 class StepMeasurer:
-    """Measures the step of ``traced`` on its example batch, planned with any actions.
+    """Measures the step ``spec`` describes, run as ``traced``, on its example batch, planned
+    with any actions.
 
     On a real copy (a model that does not run on fake tensors) with ``room_bytes`` given,
     steps whose whole batch would not fit run at smaller batches and are scaled (NOTE [Scaled
     real measurement]).
 
     Attributes:
+        spec: the step: the caller's model, example batch, loss, optimizer and precision.
         kept: the step with every segment kept, measured on construction (the optimizer run).
         scaled: the batches real steps are measured at, or ``None``: the whole batch.
         batch_bytes: the bytes of the example batch, inputs and targets.
@@ -60,25 +61,17 @@ class StepMeasurer:
     def __init__(
         self,
         traced: TracedModel | ModuleChain,
-        example_inputs: Sequence[Any],
+        spec: StepSpec,
         *,
-        loss_fn: LossFn | None,
-        example_targets: Sequence[Any],
-        optimizer: OptimizerSpec,
-        autocast_dtype: torch.dtype | None,
-        gradients_live: bool,
         room_bytes: int | None = None,
     ) -> None:
         self.traced = traced
-        self.example_inputs = example_inputs
-        self.example_targets = example_targets
-        self.loss_fn = loss_fn
-        self.optimizer = optimizer
-        self.autocast_dtype = autocast_dtype
+        self.spec = spec
+        example_inputs, example_targets = spec.example_inputs, spec.example_targets
         self.batch_size = batch_size_of(example_inputs) or 1  # as micro-batches cut it
         self.oracle = RealSizeOracle()
         self.fake_state = FakeTrainingState(
-            traced, optimizer=optimizer, gradients_live=gradients_live
+            traced, optimizer=spec.optimizer, gradients_live=spec.gradients_live
         )
         self.planning_peak_bytes = 0
         self.room_bytes = room_bytes if room_bytes is not None else 2**62
@@ -133,7 +126,7 @@ class StepMeasurer:
         recording = StepRecording(
             [s.input_names for s in segments],
             [s.output_names for s in segments],
-            under_autocast=self.autocast_dtype is not None,
+            under_autocast=self.spec.autocast_dtype is not None,
         )
         recording.record.unsure |= self._unsure
         return recording
@@ -156,7 +149,7 @@ class StepMeasurer:
             and tuple(segments) == tuple(self.traced.segments)
             else None
         )
-        batch = batch or (self.example_inputs, self.example_targets)
+        batch = batch or (self.spec.example_inputs, self.spec.example_targets)
         profile = self._profile(
             batch, actions, num_micro_batches, segments=segments, recording=recording
         )
@@ -224,20 +217,20 @@ class StepMeasurer:
             self.fake_state,
             inputs,
             actions,
-            loss_fn=self.loss_fn,
+            loss_fn=self.spec.loss_fn,
             example_targets=targets,
             num_micro_batches=num_micro_batches,
             # Real tensors report their real sizes: no zeros run beside them.
             size_oracle=self.oracle if self.traced.fake_mode is not None else None,
             run_optimizer=first,
             count_work=first,
-            autocast_dtype=self.autocast_dtype,
+            autocast_dtype=self.spec.autocast_dtype,
             segments=segments,
             recording=recording,
         )
         if self.traced.fake_mode is None:
             # A real step: what it held, and the caller's batch beside a smaller one.
-            outside = self.batch_bytes if inputs is not self.example_inputs else 0
+            outside = self.batch_bytes if inputs is not self.spec.example_inputs else 0
             self.planning_peak_bytes = max(
                 self.planning_peak_bytes, real_step_bytes(profile) + outside
             )
@@ -298,7 +291,7 @@ class StepMeasurer:
         half = self.batch_size // 2
         inputs, targets = (
             split_batch(b, 2, batch_size=self.batch_size)[0]
-            for b in (self.example_inputs, self.example_targets)
+            for b in (self.spec.example_inputs, self.spec.example_targets)
         )
         halved = [dataclasses.replace(a, num_chunks=min(a.num_chunks, half)) for a in actions]
         try:

@@ -7,12 +7,10 @@ ones before cannot fit, or fit at more than ``WIDEN_PAST_SHARE`` of the plain st
 
 from __future__ import annotations
 
-import torch
-
 from autockpt.errors import describe_error
 from autockpt.planner.core.step_budget import StepBudget
 from autockpt.planner.measure.step_measurer import StepMeasurer
-from autockpt.planner.simulate.step_profile import LossFn, StepProfile
+from autockpt.planner.simulate.step_profile import StepProfile
 from autockpt.planner.solve.budget_search import BudgetSearch
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_decoding import ChosenPlan, Decision
@@ -46,8 +44,6 @@ class StagedSearch:
     Args:
         measurer: the step's measurements, its kept profile already taken.
         builder: builds the chains; its costs are the ones the search prices with.
-        model: the real model, for the separability probe.
-        loss_fn: the loss the probe runs.
         budget: the budget, whose usable bytes a plan's tensors may take (NOTE [One budget]).
         allow_chunks, allow_micro_batches: the caller's leave to split the batch.
         timed_costs: the costs that time the real model, where plans are timed whole
@@ -61,8 +57,6 @@ class StagedSearch:
         measurer: StepMeasurer,
         builder: ChainBuilder,
         *,
-        model: torch.nn.Module,
-        loss_fn: LossFn | None,
         budget: StepBudget,
         allow_chunks: bool,
         allow_micro_batches: bool,
@@ -97,8 +91,6 @@ class StagedSearch:
             measurer,
             builder,
             self.search,
-            model=model,
-            loss_fn=loss_fn,
             usable_bytes=usable_bytes,
             allow_chunks=allow_chunks,
             allow_micro_batches=allow_micro_batches,

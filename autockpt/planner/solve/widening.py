@@ -16,14 +16,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-import torch
-
 from autockpt.errors import describe_error
 from autockpt.planner.core.decisions import KEEP, SegmentAction
 from autockpt.planner.measure.separability import Separability, analyse_separability
 from autockpt.planner.measure.step_measurer import StepMeasurer
 from autockpt.planner.runtime.selective_safety import selective_segments
-from autockpt.planner.simulate.step_profile import LossFn, StepProfile
+from autockpt.planner.simulate.step_profile import StepProfile
 from autockpt.planner.solve.budget_search import BudgetSearch
 from autockpt.planner.solve.chain_builder import ChainBuilder
 from autockpt.planner.solve.chain_positions import Profiles, unit_segments
@@ -38,8 +36,6 @@ class Widening:
         measurer: the step's measurements, its kept profile already taken.
         builder: builds the chains; it learns here which segments may be selective.
         search: what each stage's profiles go into.
-        model: the real model, for the separability probe.
-        loss_fn: the loss the probe runs.
         usable_bytes: the tensor bytes a plan may take.
         allow_chunks, allow_micro_batches: the caller's leave to split the batch.
         notes: the plan's notes, appended to.
@@ -51,8 +47,6 @@ class Widening:
         builder: ChainBuilder,
         search: BudgetSearch,
         *,
-        model: torch.nn.Module,
-        loss_fn: LossFn | None,
         usable_bytes: int,
         allow_chunks: bool,
         allow_micro_batches: bool,
@@ -62,8 +56,6 @@ class Widening:
         self.traced = measurer.traced
         self.builder = builder
         self.search = search
-        self.model = model
-        self.loss_fn = loss_fn
         self.usable_bytes = usable_bytes
         self.allow_chunks = allow_chunks
         self.allow_micro_batches = allow_micro_batches
@@ -106,13 +98,14 @@ class Widening:
             self.plain_recompute(even_if_hopeless=True)  # the links' chunks scale from it
         separability = Separability.nothing(len(probed), "not allowed by the caller")
         if self.allow_chunks or self.allow_micro_batches:
+            spec = self.measurer.spec  # the real model, probed
             separability = analyse_separability(
                 traced,
-                self.measurer.example_inputs,
+                spec.example_inputs,
                 probed,
-                model=self.model,
-                loss_fn=self.loss_fn,
-                example_targets=self.measurer.example_targets,
+                model=spec.model,
+                loss_fn=spec.loss_fn,
+                example_targets=spec.example_targets,
             )
         if not self.allow_chunks:
             separability = dataclasses.replace(separability, chunkable=(False,) * len(probed))
@@ -171,7 +164,9 @@ class Widening:
     def _all_selective(self, num_micro_batches: int = 1) -> StepProfile | None:
         """Every segment that may be recomputed selectively so (NOTE [Selective recompute])."""
         if num_micro_batches == 1:
-            self.builder.selective = selective_segments(self.traced, self.measurer.example_inputs)
+            self.builder.selective = selective_segments(
+                self.traced, self.measurer.spec.example_inputs
+            )
         if not self.builder.selective:
             return None
         actions = [

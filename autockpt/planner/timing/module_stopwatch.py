@@ -35,7 +35,7 @@ import torch
 from autockpt.planner.core.decisions import SegmentAction
 from autockpt.planner.core.fake_copies import parameter_sharing_copy
 from autockpt.planner.runtime.planned_chain import build_module_planned
-from autockpt.planner.simulate.step_profile import LossFn, OptimizerSpec
+from autockpt.planner.simulate.step_spec import StepSpec
 from autockpt.planner.timing.real_batch import RealBatch
 from autockpt.planner.timing.time_model import Cost, EstimatedCosts, guarded, timing_failed
 from autockpt.planner.timing.timing_room import TimingRoom
@@ -47,37 +47,22 @@ class ModuleStopwatch(RealBatch):
     module chain]).
 
     Args:
-        model: the caller's model, the one the chain was found on; timed on a copy sharing
-            its parameters' memory.
-        example_inputs, loss_fn, example_targets, optimizer, autocast_dtype, threads, room:
-            as :class:`~autockpt.planner.timing.real_batch.RealBatch` takes them.
+        spec: the step; its model, the caller's, the one the chain was found on, is timed on a
+            copy sharing its parameters' memory.
+        threads, room: as :class:`~autockpt.planner.timing.real_batch.RealBatch` takes them.
     """
 
     def __init__(
         self,
-        model: torch.nn.Module,
-        example_inputs: Sequence[Any],
+        spec: StepSpec,
         *,
-        loss_fn: LossFn | None,
-        example_targets: Sequence[Any],
-        optimizer: OptimizerSpec,
-        autocast_dtype: torch.dtype | None,
         threads: int,
         room: TimingRoom | None = None,
     ) -> None:
         # A copy, as the chain's real measurements take: a forward that writes its own
         # Python state (a counter, a cache) must not write the caller's.
-        copied = parameter_sharing_copy(model)
-        super().__init__(
-            copied,
-            example_inputs,
-            loss_fn=loss_fn,
-            example_targets=example_targets,
-            optimizer=optimizer,
-            autocast_dtype=autocast_dtype,
-            threads=threads,
-            room=room,
-        )
+        copied = parameter_sharing_copy(spec.model)
+        super().__init__(copied, spec, threads=threads, room=room)
         self.model = copied
 
     def plain_module(self) -> torch.nn.Module:

@@ -23,7 +23,7 @@ from autockpt.planner.core.decisions import SegmentAction
 from autockpt.planner.core.memory_tracker import storage_bytes, tensor_bytes
 from autockpt.planner.measure.fake_step import default_loss
 from autockpt.planner.measure.optimizers import make_optimizer
-from autockpt.planner.simulate.step_profile import LossFn, OptimizerSpec
+from autockpt.planner.simulate.step_spec import StepSpec
 from autockpt.planner.timing.timed_runs import TimedRuns, median, seconds
 from autockpt.planner.timing.timing_room import OPTIMIZER_COPIES_PER_BYTE, TimingRoom, on_line
 from autockpt.planner.trace.fx_graph import Segment
@@ -34,11 +34,9 @@ class RealBatch:
 
     Args:
         module: the module whose plain step is timed; shares the caller's parameters.
-        example_inputs: the batch to time, as the caller gave it.
-        loss_fn: ``loss_fn(output, *example_targets)``; ``None``: the sum of the outputs.
-        example_targets: the loss's targets.
-        optimizer: what optimizer to time one step of (see ``make_optimizer``).
-        autocast_dtype: run forward and loss under ``torch.autocast`` with this dtype.
+        spec: the step: its example batch is the batch timed, its loss
+            ``loss_fn(output, *example_targets)`` (``None``: the sum of the outputs), one step
+            of its optimizer timed, forward and loss under its autocast precision.
         threads: torch CPU threads to time with (training's, not planning's one).
         room: the samples the runs use, and the bytes the optimizer's timing may take
             (default: the whole batch, no limit); times stand for the whole batch, read off a
@@ -48,15 +46,12 @@ class RealBatch:
     def __init__(
         self,
         module: torch.nn.Module,
-        example_inputs: Sequence[Any],
+        spec: StepSpec,
         *,
-        loss_fn: LossFn | None,
-        example_targets: Sequence[Any],
-        optimizer: OptimizerSpec,
-        autocast_dtype: torch.dtype | None,
         threads: int,
         room: TimingRoom | None = None,
     ) -> None:
+        example_inputs, example_targets = spec.example_inputs, spec.example_targets
         #: The batch the times stand for, and the leading samples of it the runs use.
         self.whole_batch_size = batch_size_of(list(example_inputs)) or 1
         self.room = room or TimingRoom.whole(self.whole_batch_size)
@@ -68,9 +63,9 @@ class RealBatch:
         #: The most real bytes a plan timed at the whole batch held, with what the runs hold
         #: beside it (:meth:`held_bytes`); 0 where none was.
         self.whole_batch_peak_bytes = 0
-        self.loss_fn = loss_fn or default_loss
-        self.optimizer = optimizer
-        self.runs = TimedRuns(list(module.buffers()), threads, autocast_dtype)
+        self.loss_fn = spec.loss_fn or default_loss
+        self.optimizer = spec.optimizer
+        self.runs = TimedRuns(list(module.buffers()), threads, spec.autocast_dtype)
         self.parameters = [p for p in module.parameters() if p.requires_grad]
         self._optimizer_s: float | None = None
         self._step_s: dict[tuple[int, int], float] = {}  # by module and samples, as timed

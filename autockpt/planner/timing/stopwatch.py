@@ -74,7 +74,7 @@ import torch
 from autockpt.planner.core.decisions import KEEP, SegmentAction
 from autockpt.planner.core.memory_tracker import flat_tensors
 from autockpt.planner.runtime.segment_runners import SegmentRunner, build_segmented_module
-from autockpt.planner.simulate.step_profile import LossFn, OptimizerSpec
+from autockpt.planner.simulate.step_spec import StepSpec
 from autockpt.planner.timing.real_batch import RealBatch
 from autockpt.planner.timing.segment_clock import (
     Captured,
@@ -145,8 +145,8 @@ class Stopwatch(RealBatch):
 
     Args:
         traced: the traced model; its graph module shares the caller's parameters.
-        example_inputs, loss_fn, example_targets, optimizer, autocast_dtype, threads, room:
-            as :class:`~autockpt.planner.timing.real_batch.RealBatch` takes them.
+        spec, threads, room: as :class:`~autockpt.planner.timing.real_batch.RealBatch` takes
+            them.
         own_model: the caller's model, whose own step is the plain one, where its forward
             calls torch.utils.checkpoint itself (NOTE [The model's own checkpoints, timed]);
             ``None``: the traced graph's step is.
@@ -155,26 +155,13 @@ class Stopwatch(RealBatch):
     def __init__(
         self,
         traced: TracedModel,
-        example_inputs: Sequence[Any],
+        spec: StepSpec,
         *,
-        loss_fn: LossFn | None,
-        example_targets: Sequence[Any],
-        optimizer: OptimizerSpec,
-        autocast_dtype: torch.dtype | None,
         threads: int,
         room: TimingRoom | None = None,
         own_model: torch.nn.Module | None = None,
     ) -> None:
-        super().__init__(
-            traced.graph_module,
-            example_inputs,
-            loss_fn=loss_fn,
-            example_targets=example_targets,
-            optimizer=optimizer,
-            autocast_dtype=autocast_dtype,
-            threads=threads,
-            room=room,
-        )
+        super().__init__(traced.graph_module, spec, threads=threads, room=room)
         self.traced = traced
         self.own_model = own_model
         self._steps: dict[int, StepTimes] = {}  # by the samples run, as timed

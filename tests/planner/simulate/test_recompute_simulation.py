@@ -22,6 +22,7 @@ from autockpt.planner.core.decisions import SegmentAction
 from autockpt.planner.measure.step_measurer import StepMeasurer
 from autockpt.planner.simulate.recompute_simulation import simulated_profile
 from autockpt.planner.simulate.step_profile import StepProfile
+from autockpt.planner.simulate.step_spec import StepSpec
 from autockpt.planner.solve.chain_terms import kept_increments
 from autockpt.planner.trace.fx_graph import Segment
 from autockpt.planner.trace.module_chain import trace_or_find_modules
@@ -96,15 +97,7 @@ def _measurer(name: str) -> StepMeasurer:
     make, autocast = CASES[name]
     model, inputs, loss_fn, targets = make()
     traced = trace_or_find_modules(model.train(), inputs)
-    return StepMeasurer(
-        traced,
-        inputs,
-        loss_fn=loss_fn,
-        example_targets=targets,
-        optimizer="adamw",
-        autocast_dtype=autocast,
-        gradients_live=False,
-    )
+    return StepMeasurer(traced, StepSpec(model, inputs, targets, loss_fn, "adamw", autocast))
 
 
 def _both(measurer: StepMeasurer, segments: tuple[Segment, ...]) -> tuple[StepProfile, StepProfile]:
@@ -159,15 +152,7 @@ def test_what_the_simulation_does_not_model_is_measured(name: str) -> None:
     model = case.build()
     inputs, targets = case.batch(case.test_batch_size)
     traced = trace_or_find_modules(model.train(), inputs)
-    measurer = StepMeasurer(
-        traced,
-        inputs,
-        loss_fn=case.loss_fn,
-        example_targets=targets,
-        optimizer="adamw",
-        autocast_dtype=None,
-        gradients_live=False,
-    )
+    measurer = StepMeasurer(traced, StepSpec(model, inputs, targets, case.loss_fn, "adamw"))
     assert measurer.record is not None
     recompute = [not s.keep_reason for s in traced.segments]
     assert any(recompute)

@@ -15,6 +15,7 @@ from autockpt.planner import pipeline
 from autockpt.planner.core.decisions import KEEP
 from autockpt.planner.measure.fake_step import FakeTrainingState, profile_step
 from autockpt.planner.simulate.step_profile import StepProfile
+from autockpt.planner.simulate.step_spec import StepSpec
 from autockpt.planner.solve.whole_plan_timing import StepRunner
 from autockpt.planner.timing import calibration
 from autockpt.planner.timing.calibration import TimeModel
@@ -103,15 +104,7 @@ def _plain_step_with_first_steps(sleeps_s: tuple[float, ...]) -> StepTimes:
 def _stopwatch(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Stopwatch:
     traced = trace_or_find_modules(model, inputs)
     assert isinstance(traced, TracedModel)
-    return Stopwatch(
-        traced,
-        inputs,
-        loss_fn=None,
-        example_targets=(),
-        optimizer="adamw",
-        autocast_dtype=None,
-        threads=1,
-    )
+    return Stopwatch(traced, StepSpec(model, inputs, (), None, "adamw"), threads=1)
 
 
 def test_the_plain_step_is_timed_segment_by_segment():

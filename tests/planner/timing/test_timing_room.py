@@ -8,6 +8,7 @@ import torch
 import autockpt
 from autockpt.planner.measure.scaled_step import ROOM_SHARE
 from autockpt.planner.measure.step_measurer import StepMeasurer
+from autockpt.planner.simulate.step_spec import StepSpec
 from autockpt.planner.timing.stopwatch import StepTimes, Stopwatch
 from autockpt.planner.timing.timing_room import MIN_TIMED_SAMPLES, TimingRoom, on_line
 from autockpt.planner.trace.module_chain import trace_or_find_modules
@@ -80,16 +81,8 @@ def test_a_zoo_model_is_timed_on_part_of_its_batch_under_the_budget(name: str) -
 def test_the_samples_timed_are_the_most_whose_step_fits_and_none_below_two() -> None:
     model, inputs = _mlp()
     traced = trace_or_find_modules(model, inputs)
-    kept = StepMeasurer(
-        traced,
-        inputs,
-        loss_fn=None,
-        example_targets=(),
-        optimizer="adamw",
-        autocast_dtype=None,
-        gradients_live=False,
-        room_bytes=10**12,
-    ).kept
+    spec = StepSpec(model, inputs, (), None, "adamw")
+    kept = StepMeasurer(traced, spec, room_bytes=10**12).kept
     fixed = kept.parameter_bytes + kept.input_bytes + kept.gradient_bytes
     whole = TimingRoom.within(traced, kept, 2048, 10**12)
     assert whole.samples == 2048 and whole.lower_samples == 2048 and not whole.untimed_reason()
@@ -126,16 +119,7 @@ def test_a_step_past_the_samples_timed_is_read_off_a_line_not_scaled(monkeypatch
         held_bytes=0,
         trained_bytes=0,
     )
-    watch = Stopwatch(
-        traced,
-        inputs,
-        loss_fn=None,
-        example_targets=(),
-        optimizer="adamw",
-        autocast_dtype=None,
-        threads=1,
-        room=room,
-    )
+    watch = Stopwatch(traced, StepSpec(model, inputs, (), None, "adamw"), threads=1, room=room)
     assert watch.plain_step().total_s == pytest.approx(fixed_s + per_sample_s * 2048)
     four = watch.plain_step(4).total_s  # 512 samples: timed at its size
     assert four == pytest.approx(fixed_s + per_sample_s * 512)
