@@ -25,7 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autockpt.planner.core.decisions import SegmentAction  # noqa: E402
 from autockpt.planner.measure.step_measurer import StepMeasurer  # noqa: E402
-from autockpt.planner.simulate.recompute_simulation import simulated_profile  # noqa: E402
+from autockpt.planner.simulate.recompute_simulation import (  # noqa: E402
+    simulated_profile,
+    unmodelled_segments,
+)
 from autockpt.planner.simulate.step_spec import StepSpec  # noqa: E402
 from autockpt.planner.solve.chain_terms import kept_increments  # noqa: E402
 from autockpt.planner.trace.fx_graph import TracedModel  # noqa: E402
@@ -55,7 +58,7 @@ def rows(name: str, model: Any, inputs: Any, loss_fn: Any, targets: Any) -> list
         simulated = simulated_profile(record, measurer.kept, traced.segments, segments, recompute)
         simulated_s = time.perf_counter() - started
         if simulated is None:
-            unsure = sorted(record.unsure)
+            unsure = sorted(unmodelled_segments(record, measurer.kept))
             found.append(
                 f"| {name} | {level} | measured: segments {unsure} not modelled | "
                 f"{measured.peak_bytes / 2**20:.3f} MiB | | | {measured_s * 1e3:.0f} ms / - |"

@@ -2056,6 +2056,19 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "recurrent-backward-unattributed-simulated",
+        "a segment holding a recurrent layer is simulated although the kept step attributed "
+        "its backward to none of its ops (an LSTM model's step read 82 KiB over, its rerun "
+        "left out)",
+        "autockpt/planner/simulate/recompute_simulation.py",
+        "    unsure = record.unsure | (record.needs_own_backward - backward_ops.keys())\n",
+        "    unsure = record.unsure\n",
+        (
+            "tests/planner/simulate/test_recompute_simulation.py::"
+            "test_what_the_simulation_does_not_model_is_measured",
+        ),
+    ),
+    Mutation(
         "chunks-sized-from-the-whole-budget",
         "a row cache's chunks are sized from the whole --max-host-memory, as if the process "
         "held nothing: the build's passes go past the budget (NOTE [Chunks sized by what is "

@@ -30,7 +30,11 @@ from autockpt.planner.measure.scaled_step import (
     scaled_batches,
     scaled_profile,
 )
-from autockpt.planner.simulate.recompute_simulation import simulated_profile, unsure_segments
+from autockpt.planner.simulate.recompute_simulation import (
+    recurrent_segments,
+    simulated_profile,
+    unsure_segments,
+)
 from autockpt.planner.simulate.step_profile import StepProfile
 from autockpt.planner.simulate.step_record import StepRecord, StepRecording
 from autockpt.planner.simulate.step_spec import StepSpec
@@ -101,11 +105,10 @@ class StepMeasurer:
         #: tensors of a traced model.
         self.records: dict[int, tuple[StepRecord, StepProfile]] = {}
         # What the simulation does not model, read off the graph once for every recording.
-        self._unsure = (
-            unsure_segments(traced)
-            if isinstance(traced, TracedModel) and traced.fake_mode is not None
-            else None
-        )
+        self._unsure: set[int] | None = None
+        self._recurrent: set[int] = set()
+        if isinstance(traced, TracedModel) and traced.fake_mode is not None:
+            self._unsure, self._recurrent = unsure_segments(traced), recurrent_segments(traced)
         recording = self._recording()
         if recording is not None:
             self.kept = self._run(batch, kept, 1, first=True, recording=recording)
@@ -129,6 +132,7 @@ class StepMeasurer:
             under_autocast=self.spec.autocast_dtype is not None,
         )
         recording.record.unsure |= self._unsure
+        recording.record.needs_own_backward |= self._recurrent
         return recording
 
     def measure(

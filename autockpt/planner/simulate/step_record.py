@@ -25,6 +25,17 @@ import torch
 
 from autockpt.planner.core.memory_tracker import flat_tensors, sized_for_real, tensor_bytes
 
+#: The recurrent layers' ops: sized by running them for real (NOTE [Tracked bytes]), and
+#: simulated where the kept step attributes their backward (NOTE [Recompute simulated]).
+RECURRENT_OPS: frozenset[Any] = frozenset(
+    op
+    for op in (
+        getattr(torch.ops.aten, "mkldnn_rnn_layer", None),
+        getattr(torch.ops.aten, "_cudnn_rnn", None),
+    )
+    if op is not None
+)
+
 #: The op index of a storage still live when the record ends.
 STILL_LIVE = 1 << 62
 
@@ -67,7 +78,11 @@ class StepRecord:
         output_sizes: bytes of each segment output, by the output's name.
         unsure: segments whose forward does what the simulation does not model (NOTE
             [Recompute simulated]): writes in place into a storage another segment made (both
-            segments), or runs an op whose outputs are sized by running it for real.
+            segments), or runs an op whose outputs are sized by running it for real (a loss
+            inside the model).
+        needs_own_backward: segments simulated only where the kept step's backward ran ops
+            it attributes to them: those holding a recurrent layer (NOTE [Recompute
+            simulated]).
     """
 
     storages: list[StoredTensor] = field(default_factory=list)
@@ -77,6 +92,7 @@ class StepRecord:
     input_sizes: dict[str, int] = field(default_factory=dict)
     output_sizes: dict[str, int] = field(default_factory=dict)
     unsure: set[int] = field(default_factory=set)
+    needs_own_backward: set[int] = field(default_factory=set)
 
 
 _TO_COPY = torch.ops.aten._to_copy.default
@@ -151,7 +167,9 @@ class StepRecording:
                         self.record.storages[index].cast_weight = True
             if self._segment >= 0:
                 written = self._written_elsewhere(func, args)
-                if written or sized_for_real(func):
+                if func.overloadpacket in RECURRENT_OPS:
+                    self.record.needs_own_backward.add(self._segment)
+                elif written or sized_for_real(func):
                     self.record.unsure |= {self._segment, *written}
             for tensor in flat_tensors(args):
                 index = self._live.get(id(tensor.untyped_storage()))

@@ -146,8 +146,8 @@ def test_a_segment_kept_is_left_as_the_kept_step_has_it() -> None:
 
 @pytest.mark.parametrize("name", ["in_place", "lstm_batch_first", "nanogpt"])
 def test_what_the_simulation_does_not_model_is_measured(name: str) -> None:
-    # In-place writes into another segment's output; an RNN kept whole, its workspace sized
-    # for real; scaled dot-product attention with dropout.
+    # In-place writes into another segment's output; an LSTM kept whole whose backward the
+    # kept step attributes to no op of its segment; scaled dot-product attention with dropout.
     case = ZOO[name]
     model = case.build()
     inputs, targets = case.batch(case.test_batch_size)
@@ -162,6 +162,31 @@ def test_what_the_simulation_does_not_model_is_measured(name: str) -> None:
         )
         is None
     )
+
+
+def test_a_recurrent_layer_whose_backward_is_attributed_is_simulated() -> None:
+    """NOTE [Recompute simulated]: the TFT-like model's LSTMs sit in a segment whose backward
+    the kept step attributes to it; recomputed, alone or with every other segment, it is
+    worked out from the record and meets the measurement."""
+    case = ZOO["tft_functional_dropout"]
+    torch.manual_seed(0)
+    model = case.build()
+    inputs, targets = case.batch(case.test_batch_size)
+    traced = trace_or_find_modules(model.train(), inputs)
+    measurer = StepMeasurer(traced, StepSpec(model, inputs, targets, case.loss_fn, "adamw"))
+    record = measurer.record
+    assert record is not None and record.needs_own_backward, "no recurrent segment: nothing shown"
+    segments = traced.segments
+    (lstm,) = record.needs_own_backward
+    for recompute in (
+        [not s.keep_reason for s in segments],
+        [s.index == lstm for s in segments],
+    ):
+        measured = measurer.measure(segments, [SegmentAction(recompute=r) for r in recompute])
+        simulated = simulated_profile(record, measurer.kept, segments, segments, recompute)
+        assert simulated is not None
+        assert kept_increments(simulated) == kept_increments(measured)
+        assert measured.peak_bytes <= simulated.peak_bytes <= 1.01 * measured.peak_bytes
 
 
 @pytest.mark.parametrize("name", ["decoder", "transients"])
