@@ -74,7 +74,10 @@ def _train(out: Path, callbacks: list[Any], lengths: list[int] = LENGTHS) -> Eve
         model=model, args=args, train_dataset=Texts(lengths), data_collator=pad,
         callbacks=[*callbacks, counter],
     )  # fmt: skip
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        counter.close()
     return counter
 
 

@@ -63,6 +63,13 @@ class EveryStepPeak(transformers.TrainerCallback):
         self.peaks.append(self.counter.peak_bytes)
         self.counter = None
 
+    def close(self) -> None:
+        """Leave the count of a step that never ended (training raised mid-step): its
+        dispatch mode would otherwise stay on for every test after this one."""
+        if self.counter is not None:
+            self.counter.__exit__(None, None, None)
+            self.counter = None
+
 
 def _gpt2() -> torch.nn.Module:
     config = transformers.GPT2Config(
@@ -115,7 +122,10 @@ def _train(
         model=model, args=args, train_dataset=data, callbacks=[*callbacks, counter]
     )
     children = list(model.children())
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        counter.close()
     # Training over, the model is the user's own again: its submodules, not planned copies.
     assert all(a is b for a, b in zip(model.children(), children, strict=True))
     return trainer, counter

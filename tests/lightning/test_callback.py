@@ -131,6 +131,13 @@ class EveryStepPeak(pl.Callback):
         self.peaks.append(self.counter.peak_bytes)
         self.counter = None
 
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        # A batch that raised never ends: its count's dispatch mode would stay on for every
+        # test after this one.
+        if self.counter is not None:
+            self.counter.__exit__(None, None, None)
+            self.counter = None
+
 
 def _loader(num_batches: int = 4, seed: int = 0) -> torch.utils.data.DataLoader:
     generator = torch.Generator().manual_seed(seed)
