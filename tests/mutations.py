@@ -141,7 +141,7 @@ MUTATIONS = (
     Mutation(
         "within-budget-without-budget",
         "a run without a budget reports within_budget: true",
-        "autockpt/training/loop/train.py",
+        "autockpt/training/loop/run_summary.py",
         '"within_budget": None',
         '"within_budget": True',
         ("tests/cli/test_cli.py::test_three_step_train_on_the_sample",),
@@ -271,8 +271,8 @@ MUTATIONS = (
         "whole-plan-slowest",
         "the slowest of the plans timed whole is taken",
         "autockpt/planner/solve/whole_plan_timing.py",
-        "    best = min(range(len(each)), key=lambda i: each[i])",
-        "    best = max(range(len(each)), key=lambda i: each[i])",
+        "        best = min(range(len(entries)), key=lambda i: ratio(entries[i]))",
+        "        best = max(range(len(entries)), key=lambda i: ratio(entries[i]))",
         (
             "tests/planner/solve/test_whole_plan_timing.py::"
             "test_the_fastest_plan_timed_whole_is_chosen_and_predicted",
@@ -1547,8 +1547,8 @@ MUTATIONS = (
         "a module chain's steps are timed on the caller's model itself, so a forward that "
         "writes its own Python state (a step counter) runs for every timed step",
         "autockpt/planner/timing/module_stopwatch.py",
-        "        copied = parameter_sharing_copy(model)\n",
-        "        copied = model\n",
+        "        copied = parameter_sharing_copy(spec.model)\n",
+        "        copied = spec.model\n",
         ("tests/planner/timing/test_module_stopwatch.py",),
     ),
     Mutation(
@@ -1564,7 +1564,7 @@ MUTATIONS = (
         "a model that calls torch.utils.checkpoint itself is timed against the traced graph's "
         "plain step, which recomputes nothing, not the step the user runs",
         "autockpt/planner/pipeline.py",
-        "    own = model if own_checkpoint_calls(traced.graph_module.graph) else None\n",
+        "    own = spec.model if own_checkpoint_calls(traced.graph_module.graph) else None\n",
         "    own = None\n",
         ("tests/planner/timing/test_own_checkpoints.py",),
     ),
