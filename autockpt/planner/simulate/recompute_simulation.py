@@ -42,12 +42,14 @@ or with every other segment recomputed, at one and two micro-batches, in float32
 simulates to the byte on the sample's model and on ``tft-225``. Where no backward op is
 attributed to it (an LSTM or GRU in the first segment of the zoo's models, whose backward ops
 the kept step counts as the next segment's; why was not found), the rerun has nowhere to go;
-simulated anyway, those steps read 65-82 KiB over, and they are measured. One under-read is known and not excluded: nanoGPT in bfloat16 without
-dropout, whose last segment computes the loss inside the model and returns it beside the logits,
-holds 52 KiB more when the loss starts with that segment recomputed than the simulation says
-(the logits' size in bfloat16 and a weight's cast); the plan's own measurement catches what this
-costs. Elsewhere, over the zoo and the user-steps corpus, the simulated peak is the
-measured one or above it by at most a few hundred bytes (``benchmarks/simulated_profiles.py``).
+simulated anyway, those steps read 65-82 KiB over, and they are measured.
+
+One under-read is known and not excluded: nanoGPT in bfloat16 without dropout, whose last
+segment computes the loss inside the model and returns it beside the logits, holds 52 KiB more
+when the loss starts with that segment recomputed than the simulation says (the logits' size in
+bfloat16 and a weight's cast); the plan's own measurement catches what this costs. Elsewhere,
+over the zoo and the user-steps corpus, the simulated peak is the measured one or above it by
+at most a few hundred bytes (``benchmarks/simulated_profiles.py``).
 
 None of these is trusted: the plan the planner chooses is measured on fake tensors before it is
 handed back (NOTE [Planning], step 4), and a plan the simulation placed under the budget that the
